@@ -1,0 +1,80 @@
+"""The only place that computes rates, percentiles, memory and utilisation."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections import defaultdict
+from typing import Iterator
+
+import numpy as np
+import psutil
+
+from reference_trainers.common.probe import PHASES
+
+
+def spread(samples: list[float]) -> dict[str, float | list[float]]:
+    """Median with min-max spread and the raw samples (a rate measured once per repeat)."""
+    return {"median": float(statistics.median(samples)), "min": float(min(samples)), "max": float(max(samples)),
+            "samples": [float(s) for s in samples]}
+
+
+def latency_percentiles(seconds: list[float]) -> dict[str, float]:
+    """p50 / p95 of per-call latencies, in milliseconds."""
+    ms = np.asarray(seconds, dtype=np.float32) * 1000.0
+    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))}
+
+
+def host_rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def process_cpu_seconds() -> float:
+    """User + system CPU time of this process and its children (async env workers)."""
+    proc = psutil.Process()
+    total = sum(proc.cpu_times()[:2])
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+class TimingProbe:
+    """Accumulates wall seconds per phase (host-side wall time; on CUDA queued kernels are
+    charged to whichever phase waits for them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.enabled = False
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    _off = contextlib.nullcontext()
+
+    def phase(self, name: str):  # noqa: ANN201 - returns a context manager
+        return self._timed(name) if self.enabled else self._off
+
+    def totals(self) -> dict[str, float]:
+        return {name: float(self.seconds.get(name, 0.0)) for name in PHASES}
+
+
+class RateWindow:
+    """Steps per second over the last few updates (for the progress bar, not the result)."""
+
+    def __init__(self, horizon: int = 8) -> None:
+        self.points: list[tuple[float, int]] = []
+        self.horizon = horizon
+
+    def add(self, steps_total: int) -> float | None:
+        self.points = (self.points + [(time.perf_counter(), steps_total)])[-self.horizon:]
+        if len(self.points) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.points[0], self.points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None

@@ -1,0 +1,90 @@
+"""Tables for the terminal: one run's metrics, or variants side by side with ratios."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from rich.markup import escape
+from rich.table import Table
+
+from reference_trainers.common.probe import PHASES
+
+from .results import RunResult
+
+def _fmt_rate(block: dict[str, Any] | None) -> str:
+    if block is None:
+        return "-"
+    return f"{block['median']:,.0f} [{block['min']:,.0f}-{block['max']:,.0f}]"
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+ROWS: list[tuple[str, Callable[[RunResult], Any], Callable[[Any], str], bool]] = [
+    # label, value, formatter, higher_is_better (ratio shown as optimised / baseline)
+    ("env_steps_per_sec (median [min-max])", lambda r: r.metrics["env_steps_per_sec"], _fmt_rate, True),
+    ("agent_steps_per_sec", lambda r: r.metrics["agent_steps_per_sec"], _fmt_rate, True),
+    ("updates_per_sec", lambda r: r.metrics["updates_per_sec"], _fmt_rate, True),
+    ("inference_latency_ms p50", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p50"), lambda v: _fmt(v, 3), False),
+    ("inference_latency_ms p95", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p95"), lambda v: _fmt(v, 3), False),
+    ("host_syncs_per_step", lambda r: r.metrics["host_syncs_per_step"], _fmt, False),
+    ("peak_host_rss_mb", lambda r: r.metrics["peak_host_rss_mb"], lambda v: _fmt(v, 0), False),
+    ("peak_device_mem_mb", lambda r: r.metrics["peak_device_mem_mb"], lambda v: _fmt(v, 0), False),
+    ("device_utilization_pct", lambda r: r.metrics["device_utilization_pct"], lambda v: _fmt(v, 0), False),
+    ("warmup_s", lambda r: r.metrics["warmup_s"], _fmt, False),
+    ("mean_return_last_k", lambda r: r.metrics["mean_return_last_k"], lambda v: _fmt(v, 1), True),
+]
+
+
+def _phase_share(result: RunResult, phase: str) -> float | None:
+    phases = result.metrics.get("phase_seconds") or {}
+    total = sum(phases.values())
+    return 100.0 * phases.get(phase, 0.0) / total if total else None
+
+
+def paired_ratio(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> tuple[float, float, float] | None:
+    """Ratio of rates repeat by repeat (the repeats were interleaved): median, min, max."""
+    if not base or not cand:
+        return None
+    pairs = [c / b for b, c in zip(base["samples"], cand["samples"]) if b > 0]
+    if not pairs:
+        return None
+    return statistics.median(pairs), min(pairs), max(pairs)
+
+
+def _ratio_cell(label: str, base: RunResult, cand: RunResult, value: Callable[[RunResult], Any]) -> str:
+    b, c = value(base), value(cand)
+    if isinstance(b, dict) and isinstance(c, dict):
+        ratio = paired_ratio(b, c)
+        return "-" if ratio is None else f"{ratio[0]:.2f}x [{ratio[1]:.2f}-{ratio[2]:.2f}]"
+    if isinstance(b, (int, float)) and isinstance(c, (int, float)) and b:
+        return f"{c / b:.2f}x"
+    return "-"
+
+
+def results_table(results: list[RunResult]) -> Table:
+    """Metric rows, one column per run; with two runs, a ratio column (second / first)."""
+    table = Table(title=f"{results[0].preset}: " + " vs ".join(r.variant for r in results) + f" on {results[0].config['device']}")
+    table.add_column("metric")
+    for result in results:
+        table.add_column(result.variant + ("" if result.status == "ok" else f" ({result.status})"), justify="right")
+    pair = len(results) == 2
+    if pair:
+        table.add_column(f"ratio {results[1].variant}/{results[0].variant}", justify="right")
+    for label, value, fmt, _ in ROWS:
+        cells = [fmt(value(r)) for r in results]
+        if pair:
+            cells.append(_ratio_cell(label, results[0], results[1], value))
+        table.add_row(escape(label), *(escape(c) for c in cells))
+    for phase in PHASES:
+        cells = [_fmt(_phase_share(r, phase), 1) for r in results]
+        table.add_row(f"phase {phase} (% of timed)", *cells, *([""] if pair else []))
+    table.add_row("float64_ops / nonfinite_events", *[f"{r.stability['float64_ops']} / {r.stability['nonfinite_events']}" for r in results],
+                  *([""] if pair else []))
+    return table

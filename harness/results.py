@@ -1,0 +1,98 @@
+"""RunResult: the schema-versioned result of one measured run; atomic JSON save and checked load."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "unstable", "failed", "interrupted")
+_REQUIRED = ("preset", "variant", "algo", "status", "started_at", "git", "machine", "config", "metrics", "stability")
+
+
+@dataclass
+class RunResult:
+    preset: str
+    variant: str
+    algo: str
+    status: str
+    started_at: str
+    git: dict[str, Any]
+    machine: dict[str, Any]
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    stability: dict[str, Any]
+    resolution: dict[str, str] = field(default_factory=dict)
+    steps_completed: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "result") -> "RunResult":
+        if not isinstance(data, dict):
+            raise UserError(f"{source}: a run must be a JSON object")
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise UserError(f"{source}: run is missing {', '.join(missing)}")
+        if data["status"] not in STATUSES:
+            raise UserError(f"{source}: status {data['status']!r} is not one of {', '.join(STATUSES)}")
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+def save_results(path: Path, runs: list[RunResult]) -> None:
+    """Write ``{"schema_version", "runs"}`` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    payload = json.dumps({"schema_version": SCHEMA_VERSION, "runs": [r.to_dict() for r in runs]}, indent=2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(payload + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_results(path: Path) -> list[RunResult]:
+    """Read a result file; ``UserError`` naming the file for anything missing, corrupt or foreign."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"result file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read result file {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict) or "runs" not in data or "schema_version" not in data:
+        raise UserError(f"{path}: not an rlgauge result file (expected an object with schema_version and runs)")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise UserError(f"{path}: schema_version {data['schema_version']!r} is not supported; accepted: {SCHEMA_VERSION}")
+    if not isinstance(data["runs"], list):
+        raise UserError(f"{path}: runs must be a list")
+    return [RunResult.from_dict(run, f"{path} run {i}") for i, run in enumerate(data["runs"])]
+
+
+def check_writable(path: Path) -> None:
+    """Fail before a run starts if ``--out`` cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--out {path}: is a directory; give a file name such as {path / 'result.json'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    probe_dir = parent
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
+    if not os.access(probe_dir, os.W_OK):
+        raise UserError(f"--out {path}: directory {probe_dir} is not writable")

@@ -1,0 +1,283 @@
+"""Typed, validated training configuration: YAML + ``--set`` overrides -> ``TrainConfig``.
+
+Every implementation flag of the design lives in ``OptimizationsConfig`` with its plain
+value as the default. Unknown keys, wrong types and out-of-range values raise
+``ConfigError`` with one line naming the dotted key, the bad value and what is accepted.
+Per-device resolution of ``auto`` values lives in ``resolve.py``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Auto = Literal["auto"]
+
+
+class ConfigError(ValueError):
+    """A configuration the user wrote is invalid; ``str(err)`` is one line."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+
+class EnvConfig(_Section):
+    """Which environment and how its copies are stepped."""
+
+    id: str = "CartPole-v1"
+    """Any gymnasium id, including ``module:EnvName-v0`` for a user's own env."""
+    num_envs: int = Field(8, ge=1, le=4096)
+    """Sub-environments stepped per agent step."""
+    vectorization: Literal["serial", "sync", "async", "native", "auto"] = "serial"
+    """serial: Python loop over single envs (plain); sync/async: gymnasium vector envs;
+    native: the env's own vectorised entry point; auto: chosen per env (reason recorded)."""
+    action_repeat: int = Field(1, ge=1, le=64)
+    """Repeat each action k times, summing rewards (outcome-changing)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for ``gymnasium.make``."""
+
+
+class ModelConfig(_Section):
+    """Network shape shared by actor and critic."""
+
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    activation: Literal["tanh", "relu"] = "tanh"
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive(cls, sizes: list[int]) -> list[int]:
+        if any(s < 1 or s > 65536 for s in sizes):
+            raise ValueError("every hidden size must be in [1, 65536]")
+        return sizes
+
+
+class PPOConfig(_Section):
+    """PPO hyper-parameters (CleanRL defaults unless a preset says otherwise)."""
+
+    num_steps: int = Field(128, ge=1, le=100_000)
+    """Rollout length per sub-env per iteration."""
+    learning_rate: float = Field(2.5e-4, gt=0, le=1.0)
+    anneal_lr: bool = True
+    """Linearly anneal the learning rate to 0 over ``anneal_steps`` env steps."""
+    anneal_steps: int = Field(500_000, ge=1)
+    gamma: float = Field(0.99, ge=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    num_minibatches: int = Field(4, ge=1)
+    update_epochs: int = Field(4, ge=1, le=1000)
+    clip_coef: float = Field(0.2, gt=0)
+    clip_vloss: bool = True
+    ent_coef: float = Field(0.01, ge=0)
+    vf_coef: float = Field(0.5, ge=0)
+    norm_adv: bool = True
+    adam_eps: float = Field(1e-5, gt=0)
+
+
+class OptimizationsConfig(_Section):
+    """Training-speed flags; each default is the plain path."""
+
+    batch_inference: bool = False
+    """Plain: one forward per env and a host copy per sample. On: one batched forward."""
+    inference_batch_size: int | None = Field(None, ge=1)
+    """Chunk size of the batched forward; None = num_envs."""
+    amp: Union[bool, Auto] = False
+    """Autocast the forward passes (bf16, or fp16 with GradScaler)."""
+    amp_dtype: Literal["bfloat16", "float16", "auto"] = "auto"
+    matmul_precision: Literal["highest", "high", "medium", "auto"] = "highest"
+    tf32: Union[bool, Auto] = False
+    compile_model: Union[bool, Auto] = False
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    compile_train_step: Union[bool, Auto] = False
+    cuda_graphs: Union[bool, Auto] = False
+    pinned_memory: Union[bool, Auto] = False
+    non_blocking: Union[bool, Auto] = False
+    optimizer_impl: Literal["forloop", "foreach", "fused", "auto"] = "forloop"
+    sync_free_logging: bool = False
+    """Plain: ``.item()`` per logged value. On: float32 device accumulators, one sync per log."""
+    torch_threads: Union[Annotated[int, Field(ge=1, le=1024)], Auto, None] = None
+    """Intra-op CPU threads while this trainer runs; None = torch's default (all cores).
+    Small models spend more on thread hand-off than they gain from it."""
+
+
+class StabilityConfig(_Section):
+    max_grad_norm: float | None = Field(0.5, gt=0)
+    """Clip the global gradient norm (None = no clipping)."""
+    nan_policy: Literal["raise", "skip_update", "warn"] = "raise"
+
+
+class RunConfig(_Section):
+    """How the harness measures: budgets are in env steps (frames)."""
+
+    steps: int = Field(16_384, ge=1)
+    """Timed env-step budget of each repeat."""
+    warmup_steps: int = Field(2_048, ge=0)
+    """Env steps run (and compiled) before the clock starts."""
+    repeats: int = Field(3, ge=1, le=100)
+    return_window: int = Field(20, ge=1)
+    """Episodes averaged into ``mean_return_last_k``."""
+    latency_samples: int = Field(100, ge=1)
+
+
+class TrainConfig(_Section):
+    """The whole configuration of one training run."""
+
+    algo: Literal["ppo"] = "ppo"
+    seed: int = Field(1, ge=0, le=2**31 - 1)
+    device: str = "auto"
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
+    stability: StabilityConfig = Field(default_factory=StabilityConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _device_syntax(cls, value: str) -> str:
+        base, _, index = value.partition(":")
+        if base not in ("auto", "cpu", "cuda", "mps") or (index and (base != "cuda" or not index.isdigit())):
+            raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
+        return value
+
+
+# --------------------------------------------------------------------------- errors
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if not str(part).startswith(("literal[", "bool", "int", "float", "none")))
+
+
+def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = TrainConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    key = _dotted(loc)
+    value = error.get("input")
+    if error["type"] == "extra_forbidden":
+        section = _section_at(loc)
+        known = sorted(section.model_fields) if section else []
+        guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"; did you mean '{guess[0]}'?" if guess else ""
+        return f"{key}: unknown key{hint} (accepted: {', '.join(known)})"
+    message = error["msg"].removeprefix("Value error, ")
+    message = message[:1].lower() + message[1:]
+    ctx = error.get("ctx") or {}
+    if "expected" in ctx:
+        message = f"expected {ctx['expected']}"
+    return f"{key}: invalid value {value!r}: {message}"
+
+
+def config_error_from(exc: ValidationError) -> ConfigError:
+    """Turn pydantic's report into one line (the first problem, with a count of others)."""
+    errors = exc.errors()
+    # Union[bool, Literal['auto']] reports one error per branch; keep one per key.
+    seen: dict[str, dict[str, Any]] = {}
+    for err in errors:
+        seen.setdefault(_dotted(tuple(err["loc"])), err)
+    first_key, first = next(iter(seen.items()))
+    text = _describe(first)
+    if first["type"] != "extra_forbidden" and len(errors) > 1 and _is_bool_or_auto(first_key):
+        text = f"{first_key}: invalid value {first.get('input')!r}: expected true, false or 'auto'"
+    more = len(seen) - 1
+    return ConfigError(text + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
+
+
+def _is_bool_or_auto(key: str) -> bool:
+    section, _, name = key.rpartition(".")
+    field = OptimizationsConfig.model_fields.get(name) if section == "optimizations" else None
+    return field is not None and field.annotation == Union[bool, Auto]
+
+
+# --------------------------------------------------------------------------- loading
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping with the safe loader; ConfigError on any problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'optimizations.amp=true'`` -> (['optimizations', 'amp'], True); values are YAML scalars."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optimizations.amp=true")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``KEY=VALUE`` set (nested dicts created as needed)."""
+    merged = deep_merge({}, data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = merged
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {part} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return merged
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``update`` wins; inputs are not modified."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_config(data: dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:
+    """Validate a raw mapping (plus ``--set`` overrides) into a ``TrainConfig``."""
+    merged = apply_overrides(data, overrides or [])
+    try:
+        return TrainConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise config_error_from(exc) from None
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read, merge overrides and validate a YAML training config."""
+    return build_config(read_yaml(path), overrides)
+
+
+def to_plain_dict(config: BaseModel) -> dict[str, Any]:
+    """The config as plain YAML/JSON-ready data."""
+    return config.model_dump(mode="json")

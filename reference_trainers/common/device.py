@@ -1,0 +1,160 @@
+"""Device resolution, precision settings, autocast and memory probes: one place for each."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import torch
+
+from .config import ConfigError
+
+
+class DeviceError(ConfigError):
+    """A requested device or device capability is not available here."""
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def available_devices() -> list[str]:
+    """Device names usable here, best first (the order ``auto`` prefers)."""
+    found = []
+    if mps_available():
+        found.append("mps")
+    if cuda_available():
+        found.append("cuda")
+    found.append("cpu")
+    return found
+
+
+def resolve_device(requested: str) -> torch.device:
+    """``auto`` -> mps > cuda > cpu; an explicit device that is not here is a ``DeviceError``."""
+    if requested == "auto":
+        return torch.device(available_devices()[0])
+    base, _, index = requested.partition(":")
+    if base == "cpu":
+        return torch.device("cpu")
+    if base == "cuda":
+        if not cuda_available():
+            built = "with" if torch.version.cuda else "without"
+            raise DeviceError(
+                f"device: 'cuda' requested but CUDA is not available (torch {torch.__version__} built {built} CUDA); "
+                f"accepted here: auto, {', '.join(available_devices())}"
+            )
+        count = torch.cuda.device_count()
+        if index and int(index) >= count:
+            raise DeviceError(f"device: {requested!r} does not exist; this machine has cuda:0..cuda:{count - 1}")
+        return torch.device(requested)
+    if base == "mps":
+        if not mps_available():
+            raise DeviceError(
+                f"device: 'mps' requested but Apple MPS is not available on {platform.system()}; "
+                f"accepted here: auto, {', '.join(available_devices())}"
+            )
+        return torch.device("mps")
+    raise DeviceError(f"device: unknown device {requested!r}; accepted: auto, cpu, cuda, cuda:N, mps")
+
+
+def supports_bf16(device: torch.device) -> bool:
+    """bfloat16 autocast works on this device (CPU always; CUDA on Ampere+; MPS on macOS 14+)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "mps":
+        try:
+            torch.ones(1, dtype=torch.bfloat16, device=device)
+        except (RuntimeError, TypeError):
+            return False
+        return True
+    return True
+
+
+def supports_fp16_autocast(device: torch.device) -> bool:
+    """float16 autocast (with GradScaler) is available for this device type."""
+    return torch.amp.is_autocast_available(device.type) and device.type in ("cuda", "cpu", "mps")
+
+
+def supports_tf32(device: torch.device) -> bool:
+    """TF32 tensor cores exist (CUDA, compute capability 8.0+)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def supports_fused_adam(device: torch.device) -> bool:
+    """``Adam(fused=True)`` runs on this device (CUDA; CPU since torch 2.4; MPS since 2.5)."""
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        return (major, minor) >= (2, 4)
+    if device.type == "mps":
+        return (major, minor) >= (2, 5)
+    return False
+
+
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set intra-op CPU threads (None = the process default); cheap, called per iteration."""
+    wanted = threads or DEFAULT_THREADS
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
+
+
+def apply_precision(matmul_precision: str, tf32: bool) -> None:
+    """Set the process-wide float32 matmul precision and, on CUDA, the TF32 switches.
+
+    Global state: the trainer re-applies its own settings before each iteration so two
+    trainers in one process (baseline and optimised, interleaved) each run with theirs.
+    """
+    torch.set_float32_matmul_precision(matmul_precision)
+    if torch.backends.cuda.is_built():
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+def autocast(device: torch.device, enabled: bool, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Autocast context for the forward pass, or a no-op context when AMP is off."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, enabled: bool) -> torch.amp.GradScaler:
+    """GradScaler for float16 AMP; a disabled scaler (a pass-through) otherwise."""
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work (used only at measurement boundaries)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_device_memory_mb(device: torch.device) -> float | None:
+    """CUDA: max allocated since the last reset; MPS: driver-allocated now; CPU: None."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 2**20
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return platform.processor() or platform.machine()

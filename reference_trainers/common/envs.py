@@ -1,0 +1,352 @@
+"""Environment construction for the reference trainers: id checks, vectorization choice, vector envs.
+
+Every vector backend built here uses gymnasium's NEXT_STEP autoreset: the step after a sub-env ends
+returns that sub-env's reset observation with reward 0 and terminated = truncated = False, and the
+action given for it is ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec, load_env_creator
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+VECTORIZATION_MODES: tuple[str, ...] = ("serial", "sync", "async", "native")
+
+_ACCEPTED_REQUESTS = ("auto", *VECTORIZATION_MODES)
+
+
+class EnvConfigError(ValueError):
+    """Bad env id / vectorization request; the message is one line naming the dotted config key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+@dataclass(frozen=True)
+class VectorizationChoice:
+    """The vectorization mode to use and one short sentence saying why."""
+
+    mode: str
+    reason: str
+
+
+def _quoted(values: Sequence[str]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def _split_module(env_id: str) -> tuple[str | None, str]:
+    """Split gymnasium's ``module:EnvName-vN`` form into (module, registry id)."""
+    module, sep, name = env_id.partition(":")
+    return (module, name) if sep else (None, env_id)
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise EnvConfigError unless ``env_id`` (optionally ``module:EnvName-vN``) is registered.
+
+    As in ``gymnasium.make``, the module part is imported first so that it can register the env.
+    Unversioned ids are rejected so that a benchmark always pins the env version.
+    """
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise EnvConfigError(
+            f"env.id: {env_id!r} is not an environment id; accepted: a gymnasium registry id such as "
+            "'CartPole-v1' or 'module:EnvName-vN'"
+        )
+    module, name = _split_module(env_id)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # any import-time failure of a user module is a config error
+            raise EnvConfigError(
+                f"env.id: {env_id!r}: cannot import module {module!r} ({type(err).__name__}: {err}); "
+                f"accepted: 'module:EnvName-vN' where the module is importable and registers EnvName-vN"
+            ) from err
+    if name in gym.registry:
+        return
+    matches = difflib.get_close_matches(name, list(gym.registry.keys()), n=3, cutoff=0.6)
+    hint = f"did you mean {_quoted(matches)}? " if matches else ""
+    raise EnvConfigError(
+        f"env.id: {env_id!r} is not a registered gymnasium environment; {hint}accepted: an id in "
+        "gymnasium.registry (e.g. 'CartPole-v1') or 'module:EnvName-vN' with a module that registers it"
+    )
+
+
+def _spec(env_id: str) -> EnvSpec:
+    check_env_id(env_id)
+    return gym.registry[_split_module(env_id)[1]]
+
+
+def _native_status(spec: EnvSpec) -> tuple[bool, str]:
+    """Whether the spec's vector entry point can be used here, and a phrase saying why (not)."""
+    entry = spec.vector_entry_point
+    if entry is None:
+        return False, f"{spec.id} has no vector entry point"
+    if spec.additional_wrappers:
+        return False, f"{spec.id}'s spec adds wrappers that a vector entry point cannot apply"
+    if callable(entry):
+        return True, f"{spec.id} has a callable vector entry point"
+    try:
+        load_env_creator(entry)
+    except Exception as err:  # e.g. the phys2d entry points need jax
+        return False, f"{spec.id}'s vector entry point {entry} is not importable ({type(err).__name__}: {err})"
+    return True, f"{spec.id} has an importable vector entry point ({entry})"
+
+
+def _check_action_repeat(action_repeat: int) -> None:
+    if isinstance(action_repeat, bool) or not isinstance(action_repeat, (int, np.integer)) or action_repeat < 1:
+        raise EnvConfigError(f"env.action_repeat: {action_repeat!r} is invalid; accepted: an integer >= 1")
+
+
+def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1) -> VectorizationChoice:
+    """Turn a requested mode (one of VECTORIZATION_MODES or 'auto') into a concrete mode with a reason.
+
+    'auto' picks 'native' when the env has an importable vector entry point and action_repeat == 1,
+    else 'sync' (in-process envs beat subprocess ones for cheap envs on small machines).
+    """
+    if requested not in _ACCEPTED_REQUESTS:
+        raise EnvConfigError(
+            f"env.vectorization: {requested!r} is not a vectorization mode; accepted: {_quoted(_ACCEPTED_REQUESTS)}"
+        )
+    _check_action_repeat(action_repeat)
+    native_ok, why = _native_status(_spec(env_id))
+    if requested == "native":
+        if not native_ok:
+            raise EnvConfigError(
+                f"env.vectorization: 'native' is not available because {why}; "
+                f"accepted for {env_id!r}: {_quoted(('auto', 'serial', 'sync', 'async'))}"
+            )
+        if action_repeat > 1:
+            raise EnvConfigError(
+                f"env.vectorization: 'native' cannot be used with env.action_repeat={int(action_repeat)} "
+                "(action repeat is applied per sub-env); accepted: 'auto', 'serial', 'sync', 'async', "
+                "or 'native' with action_repeat 1"
+            )
+        return VectorizationChoice("native", "requested explicitly")
+    if requested != "auto":
+        return VectorizationChoice(requested, "requested explicitly")
+    if not native_ok:
+        return VectorizationChoice("sync", f"{why}, so in-process sync vectorization is used")
+    if action_repeat > 1:
+        return VectorizationChoice(
+            "sync", f"action_repeat={int(action_repeat)} must wrap each sub-env, which a native vector env cannot do"
+        )
+    return VectorizationChoice("native", why)
+
+
+class ActionRepeat(gym.Wrapper):
+    """Repeat each action ``k`` times, summing rewards and stopping early at termination or truncation.
+
+    ``info['frames']`` is the number of underlying env steps taken (``0`` in the reset info, so the
+    NEXT_STEP reset step of a vector env is counted as zero frames by :func:`frames_in_step`).
+    """
+
+    def __init__(self, env: gym.Env, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"ActionRepeat needs an integer k >= 1, got {k!r}")
+        super().__init__(env)
+        self.k = int(k)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        return obs, {**info, "frames": 0}
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        total, frames = 0.0, 0
+        while True:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            frames += 1
+            if terminated or truncated or frames == self.k:
+                return obs, total, terminated, truncated, {**info, "frames": frames}
+
+
+def frames_in_step(info: dict[str, Any], num_envs: int) -> int:
+    """Sub-environment frames taken by the last vector step.
+
+    If the vector info carries ``frames`` (sub-envs wrapped in ActionRepeat) this is its sum over the
+    ``_frames`` mask, with unmasked sub-envs counted as 1; a NEXT_STEP reset step reports ``frames=0``
+    via ActionRepeat's reset info and so counts 0. Without ``frames`` every sub-env counts 1 (the usual
+    ``num_envs`` per step, reset steps included, since they cannot be told apart from the info).
+    """
+    frames = info.get("frames")
+    if frames is None:
+        return int(num_envs)
+    counts = np.asarray(frames, dtype=np.int64).reshape(-1)
+    mask = info.get("_frames")
+    if mask is not None:
+        counts = np.where(np.asarray(mask, dtype=np.bool_).reshape(-1), counts, 1)
+    return int(counts.sum())
+
+
+class SerialVectorEnv(gym.vector.VectorEnv):
+    """A Python list of single envs stepped one at a time, with SyncVectorEnv's NEXT_STEP semantics.
+
+    ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``; a finished sub-env is reset without a seed on
+    the following step (reward 0, not done, action ignored). Infos are aggregated with ``_add_info``.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]) -> None:
+        super().__init__()
+        self.envs: list[gym.Env] = [fn() for fn in env_fns]
+        if not self.envs:
+            raise ValueError("SerialVectorEnv needs at least one env")
+        first = self.envs[0]
+        self.num_envs = len(self.envs)
+        self.metadata = {**first.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
+        self.render_mode = first.render_mode
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
+
+    def _batch(self, observations: list[Any]) -> Any:
+        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.zeros)
+        return concatenate(self.single_observation_space, observations, out)
+
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
+        observations, infos = [], {}
+        for i, (env, env_seed) in enumerate(zip(self.envs, seeds)):
+            obs, info = env.reset(seed=env_seed, options=options)
+            observations.append(obs)
+            infos = self._add_info(infos, info, i)
+        self._needs_reset[:] = False
+        return self._batch(observations), infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=np.bool_)
+        truncated = np.zeros(self.num_envs, dtype=np.bool_)
+        observations, infos = [], {}
+        for i, (env, action) in enumerate(zip(self.envs, iterate(self.action_space, actions))):
+            if self._needs_reset[i]:
+                obs, info = env.reset()
+            else:
+                obs, rewards[i], terminated[i], truncated[i], info = env.step(action)
+            observations.append(obs)
+            infos = self._add_info(infos, info, i)
+        self._needs_reset = terminated | truncated
+        return self._batch(observations), rewards, terminated, truncated, infos
+
+    def render(self) -> tuple[Any, ...]:
+        return tuple(env.render() for env in self.envs)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call (or read, if not callable) attribute ``name`` on every sub-env."""
+        attrs = [env.get_wrapper_attr(name) for env in self.envs]
+        return tuple(a(*args, **kwargs) if callable(a) else a for a in attrs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Read attribute ``name`` from every sub-env."""
+        return tuple(env.get_wrapper_attr(name) for env in self.envs)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _make_single(env_id: str, action_repeat: int, env_kwargs: dict[str, Any]) -> gym.Env:
+    env = gym.make(env_id, **env_kwargs)
+    return ActionRepeat(env, action_repeat) if action_repeat > 1 else env
+
+
+def make_vector_env(
+    env_id: str,
+    num_envs: int,
+    mode: str,
+    *,
+    action_repeat: int = 1,
+    env_kwargs: dict[str, Any] | None = None,
+) -> gym.vector.VectorEnv:
+    """Build an un-reset NEXT_STEP vector env of ``num_envs`` copies of ``env_id`` with concrete ``mode``.
+
+    serial/sync/async sub-envs are ``gymnasium.make(env_id, **env_kwargs)``, wrapped in
+    ``ActionRepeat(action_repeat)`` when it is > 1; 'native' uses the spec's vector entry point.
+    The caller resets with a seed and seeds ``action_space``.
+    """
+    if mode not in VECTORIZATION_MODES:
+        raise EnvConfigError(
+            f"env.vectorization: make_vector_env needs a concrete mode, got {mode!r}; "
+            f"accepted: {_quoted(VECTORIZATION_MODES)} (resolve 'auto' with resolve_vectorization)"
+        )
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise EnvConfigError(f"env.num_envs: {num_envs!r} is invalid; accepted: an integer >= 1")
+    resolve_vectorization(env_id, mode, action_repeat=action_repeat)
+    kwargs = dict(env_kwargs or {})
+    if mode == "native":
+        return gym.make_vec(env_id, num_envs=int(num_envs), vectorization_mode="vector_entry_point", **kwargs)
+    env_fns = [partial(_make_single, env_id, int(action_repeat), kwargs) for _ in range(int(num_envs))]
+    if mode == "serial":
+        return SerialVectorEnv(env_fns)
+    if mode == "sync":
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+    return gym.vector.AsyncVectorEnv(env_fns, shared_memory=True, autoreset_mode=AutoresetMode.NEXT_STEP)
+
+
+class EpisodeTracker:
+    """Per-sub-env running episode return and length, correct under NEXT_STEP autoreset.
+
+    The step right after a sub-env's episode ends is its reset step: its reward is ignored and it is
+    not counted into the next episode's length.
+    """
+
+    def __init__(self, num_envs: int, window: int = 20) -> None:
+        if num_envs < 1 or window < 1:
+            raise ValueError(f"num_envs and window must be >= 1, got {num_envs} and {window}")
+        self.num_envs = int(num_envs)
+        self._returns = np.zeros(self.num_envs, dtype=np.float64)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self._resetting = np.zeros(self.num_envs, dtype=np.bool_)
+        self._recent_returns: deque[float] = deque(maxlen=int(window))
+        self._recent_lengths: deque[int] = deque(maxlen=int(window))
+        self._completed = 0
+
+    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
+        """Account one vector step; return the returns of episodes that ended in it."""
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(self.num_envs)
+        done = np.logical_or(terminated, truncated).reshape(self.num_envs)
+        live = ~self._resetting
+        self._returns[live] += rewards[live]
+        self._lengths[live] += 1
+        ended = done & live
+        finished = [float(r) for r in self._returns[ended]]
+        self._recent_returns.extend(finished)
+        self._recent_lengths.extend(int(n) for n in self._lengths[ended])
+        self._completed += len(finished)
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
+        self._resetting = ended
+        return finished
+
+    @property
+    def completed(self) -> int:
+        """Number of episodes finished so far."""
+        return self._completed
+
+    def mean_recent(self) -> float | None:
+        """Mean return of the last ``window`` completed episodes, or None if none yet."""
+        return float(np.mean(self._recent_returns)) if self._recent_returns else None
+
+    def mean_recent_length(self) -> float | None:
+        """Mean length (env steps, reset steps excluded) of the last ``window`` completed episodes."""
+        return float(np.mean(self._recent_lengths)) if self._recent_lengths else None

@@ -1,0 +1,144 @@
+"""Turn ``auto`` values into concrete ones for the resolved device, and reject what it cannot honour.
+
+The resolved config is what a run records: every flag with the value actually used.
+``Resolution.reasons`` says why each ``auto`` became what it did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import device as dev
+from .config import ConfigError, TrainConfig
+from .envs import EnvConfigError, check_env_id, resolve_vectorization
+
+
+@dataclass
+class Resolution:
+    config: TrainConfig
+    device: torch.device
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def _pick(reasons: dict[str, str], key: str, value: object, why: str) -> object:
+    reasons[key] = f"{value} ({why})"
+    return value
+
+
+def resolve_config(config: TrainConfig) -> Resolution:
+    """Resolve the device and every ``auto`` flag; ``ConfigError`` for anything not honourable."""
+    device = dev.resolve_device(config.device)
+    resolved = config.model_copy(deep=True)
+    resolved.device = str(device)
+    reasons: dict[str, str] = {}
+    o = resolved.optimizations
+    kind = device.type
+    on_cuda = kind == "cuda"
+
+    try:
+        check_env_id(resolved.env.id)
+        choice = resolve_vectorization(resolved.env.id, resolved.env.vectorization, action_repeat=resolved.env.action_repeat)
+    except EnvConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if resolved.env.vectorization == "auto":
+        reasons["env.vectorization"] = f"{choice.mode} ({choice.reason})"
+    resolved.env.vectorization = choice.mode
+
+    def need_cuda(name: str, value: object) -> None:
+        if value is True and not on_cuda:
+            raise ConfigError(f"optimizations.{name}: true needs a CUDA device, but the resolved device is {device}; accepted here: false or auto")
+
+    # Flags that exist only on CUDA: auto = on where they help.
+    for name in ("pinned_memory", "non_blocking", "tf32", "cuda_graphs"):
+        need_cuda(name, getattr(o, name))
+    if o.pinned_memory == "auto":
+        o.pinned_memory = _pick(reasons, "optimizations.pinned_memory", on_cuda, "page-locked staging needs CUDA")
+    if o.non_blocking == "auto":
+        o.non_blocking = _pick(reasons, "optimizations.non_blocking", on_cuda, "asynchronous copies need CUDA")
+    if o.tf32 == "auto":
+        o.tf32 = _pick(reasons, "optimizations.tf32", on_cuda and dev.supports_tf32(device), "TF32 needs compute capability 8.0+")
+    if o.tf32 and not dev.supports_tf32(device):
+        raise ConfigError(f"optimizations.tf32: true needs a GPU of compute capability 8.0+, {dev.device_name(device)} has none; accepted here: false")
+    if o.cuda_graphs == "auto":
+        o.cuda_graphs = _pick(reasons, "optimizations.cuda_graphs", False, "opt-in: capture is measured per workload")
+
+    if o.matmul_precision == "auto":
+        o.matmul_precision = _pick(reasons, "optimizations.matmul_precision", "high" if on_cuda else "highest",
+                                   "TF32 matmuls on CUDA" if on_cuda else "reduced-precision CPU matmuls are opt-in")
+
+    # AMP: auto = on for CUDA (bf16 where supported, else fp16 + GradScaler).
+    if o.amp_dtype == "auto":
+        o.amp_dtype = _pick(reasons, "optimizations.amp_dtype", "bfloat16" if dev.supports_bf16(device) else "float16",
+                            "bf16 where the device supports it")
+    if o.amp_dtype == "bfloat16" and not dev.supports_bf16(device):
+        raise ConfigError(f"optimizations.amp_dtype: 'bfloat16' is not supported on {dev.device_name(device)}; accepted here: float16 or auto")
+    if o.amp_dtype == "float16" and not dev.supports_fp16_autocast(device):
+        raise ConfigError(f"optimizations.amp_dtype: 'float16' autocast is not supported on {kind}; accepted here: bfloat16 or auto")
+    if o.amp == "auto":
+        o.amp = _pick(reasons, "optimizations.amp", on_cuda, "tensor cores on CUDA; small CPU models run slower in autocast")
+
+    if o.compile_model == "auto":
+        o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
+    if o.compile_train_step == "auto":
+        o.compile_train_step = _pick(reasons, "optimizations.compile_train_step", on_cuda, "as compile_model")
+    if o.compile_mode != "default" and not o.compile_model:
+        raise ConfigError(f"optimizations.compile_mode: {o.compile_mode!r} has no effect unless compile_model is true; accepted: default")
+
+    if o.optimizer_impl == "auto":
+        o.optimizer_impl = _pick(reasons, "optimizations.optimizer_impl", "fused" if dev.supports_fused_adam(device) else "foreach",
+                                 "one fused kernel where the device has it")
+    if o.optimizer_impl == "fused" and not dev.supports_fused_adam(device):
+        raise ConfigError(f"optimizations.optimizer_impl: 'fused' Adam is not available on {kind} with torch {torch.__version__}; accepted here: forloop, foreach")
+
+    if o.torch_threads == "auto":
+        small = max(resolved.model.hidden_sizes) <= 256
+        o.torch_threads = _pick(reasons, "optimizations.torch_threads", 1 if kind == "cpu" and small else None,
+                                "one thread for small CPU models" if kind == "cpu" and small else "torch default")
+
+    if o.inference_batch_size is not None:
+        if not o.batch_inference:
+            raise ConfigError("optimizations.inference_batch_size: only used with batch_inference: true; set batch_inference or leave it null")
+        if o.inference_batch_size > resolved.env.num_envs:
+            raise ConfigError(f"optimizations.inference_batch_size: {o.inference_batch_size} exceeds env.num_envs={resolved.env.num_envs}; accepted: 1..{resolved.env.num_envs} or null")
+
+    if o.cuda_graphs:
+        if o.amp and o.amp_dtype == "float16":
+            raise ConfigError("optimizations.cuda_graphs: cannot capture float16 AMP (GradScaler checks on the host); use amp_dtype: bfloat16")
+        if resolved.stability.nan_policy == "skip_update":
+            raise ConfigError("stability.nan_policy: 'skip_update' decides on the host per update, which cuda_graphs cannot capture; accepted with cuda_graphs: raise, warn")
+        if o.compile_train_step:
+            raise ConfigError("optimizations.cuda_graphs: choose one of cuda_graphs and compile_train_step for the update")
+
+    ppo = resolved.ppo
+    batch = resolved.env.num_envs * ppo.num_steps
+    if batch % ppo.num_minibatches:
+        raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide the batch env.num_envs*ppo.num_steps={batch}")
+    return Resolution(resolved, device, reasons)
+
+
+def amp_dtype(config: TrainConfig) -> torch.dtype:
+    return torch.bfloat16 if config.optimizations.amp_dtype == "bfloat16" else torch.float16
+
+
+def optimisation_summary(config: TrainConfig) -> str:
+    """One line naming the optimisations in force, e.g. for the start of a run."""
+    o = config.optimizations
+    onoff = lambda flag: "on" if flag else "off"  # noqa: E731
+    parts = [
+        f"device={config.device}",
+        f"vectorization={config.env.vectorization}",
+        f"batch_inference={onoff(o.batch_inference)}",
+        f"amp={onoff(o.amp)}({o.amp_dtype.replace('float', 'fp').replace('bfp', 'bf')})",
+        f"compile={'model' if o.compile_model else ''}{'+' if o.compile_model and o.compile_train_step else ''}{'step' if o.compile_train_step else ''}{'' if o.compile_model or o.compile_train_step else 'off'}",
+        f"matmul={o.matmul_precision}",
+        f"tf32={onoff(o.tf32)}",
+        f"optimizer={o.optimizer_impl}",
+        f"pinned={onoff(o.pinned_memory)}",
+        f"non_blocking={onoff(o.non_blocking)}",
+        f"sync_free_logging={onoff(o.sync_free_logging)}",
+        f"cuda_graphs={onoff(o.cuda_graphs)}",
+        f"threads={o.torch_threads or 'default'}",
+    ]
+    return "Optimisations: " + " ".join(parts)

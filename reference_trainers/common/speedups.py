@@ -1,0 +1,147 @@
+"""One small helper per optimisation, each with its plain path beside it.
+
+compile_or_eager   torch.compile with a logged, recorded eager fallback
+make_adam          forloop / foreach / fused Adam
+HostToDevice       pageable blocking copies, or pinned staging + non_blocking copies
+CudaGraphedStep    capture a fixed-shape step once, replay it (CUDA only)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+
+log = logging.getLogger("rlgauge")
+
+
+class CompiledOrEager:
+    """Call ``torch.compile(fn)``; on the first failure log once, fall back to ``fn`` for good.
+
+    ``fell_back`` and ``reason`` record what happened for the run's stability block.
+    The wrapped step must be safe to re-run eagerly after a failed compiled call (the
+    trainers zero gradients at the start of each step). Guarded by
+    ``test_compile_failure_falls_back_once``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, **compile_kwargs: Any) -> None:
+        self.eager = fn
+        self.name = name
+        self.fell_back = False
+        self.reason = ""
+        try:
+            self._call = torch.compile(fn, **compile_kwargs)
+        except Exception as exc:  # compile can fail eagerly on unsupported platforms
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        self.fell_back = True
+        self.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        log.warning("torch.compile of %s failed, running it eagerly from now on (%s)", self.name, self.reason)
+        self._call = self.eager
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fell_back:
+            return self.eager(*args, **kwargs)
+        try:
+            return self._call(*args, **kwargs)
+        except Exception as exc:
+            self._fall_back(exc)
+            return self.eager(*args, **kwargs)
+
+
+def make_adam(params: Iterable[torch.nn.Parameter], lr: float | torch.Tensor, eps: float, impl: str,
+              capturable: bool = False) -> torch.optim.Adam:
+    """Adam with the chosen implementation: ``forloop`` (per-tensor Python loop, the plain
+    path), ``foreach`` (multi-tensor kernels) or ``fused`` (one fused kernel per group)."""
+    choice = {"forloop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+    return torch.optim.Adam(params, lr=lr, eps=eps, capturable=capturable, **choice)
+
+
+class HostToDevice:
+    """Copy float32 host arrays to the training device.
+
+    Plain path: ``torch.as_tensor(x).to(device)`` (pageable memory, blocking copy).
+    ``pinned=True`` stages through a reused page-locked buffer per name (CUDA only);
+    ``non_blocking=True`` issues the copy asynchronously. Arrays are made float32 on the
+    host first, so no float64 tensor is ever created (MPS has none).
+    """
+
+    def __init__(self, device: torch.device, pinned: bool = False, non_blocking: bool = False) -> None:
+        self.device = device
+        self.pinned = pinned
+        self.non_blocking = non_blocking
+        self._staging: dict[str, torch.Tensor] = {}
+
+    def __call__(self, array: np.ndarray, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        host = torch.from_numpy(np.ascontiguousarray(array, dtype=_NUMPY[dtype]))
+        if self.pinned:
+            buffer = self._staging.get(name)
+            if buffer is None or buffer.shape != host.shape:
+                buffer = self._staging[name] = torch.empty(host.shape, dtype=dtype, pin_memory=True)
+            buffer.copy_(host)
+            host = buffer
+        return host.to(self.device, non_blocking=self.non_blocking)
+
+
+_NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_, torch.uint8: np.uint8}
+
+
+class CudaGraphedStep:
+    """Capture ``step(*inputs)`` once in a CUDA graph and replay it for same-shape inputs.
+
+    Needs: CUDA, fixed input shapes, no host syncs inside ``step``, an optimiser built with
+    ``capturable=True``. Warm-up iterations run on a side stream before capture; parameter
+    and optimiser state are restored afterwards so capture does not change training.
+    Inputs of another shape run ``step`` eagerly (counted in ``eager_calls``).
+    Guarded by ``test_cuda_graphs_match_eager`` (CUDA only).
+    """
+
+    def __init__(self, step: Callable[..., Any], module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: tuple[torch.Tensor, ...], warmup: int = 3) -> None:
+        self.step = step
+        self.eager_calls = 0
+        self.static_inputs = tuple(x.detach().clone() for x in example_inputs)
+        saved = _snapshot(module, optimizer)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                step(*self.static_inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_outputs = step(*self.static_inputs)
+        _restore(module, optimizer, saved)
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        if any(x.shape != s.shape for x, s in zip(inputs, self.static_inputs)):
+            self.eager_calls += 1
+            return self.step(*inputs)
+        for static, x in zip(self.static_inputs, inputs):
+            static.copy_(x)
+        self.graph.replay()
+        return self.static_outputs
+
+
+def _snapshot(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor | None]:
+    saved: dict[int, torch.Tensor | None] = {id(p): p.detach().clone() for p in module.parameters()}
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                saved[id(value)] = value.detach().clone()
+    return saved
+
+
+def _restore(module: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[int, torch.Tensor | None]) -> None:
+    """Copy saved values back in place (graph replay uses these very tensors)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(saved[id(p)])
+        for state in optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value):
+                    before = saved.get(id(value))
+                    value.copy_(before) if before is not None else value.zero_()

@@ -1,0 +1,426 @@
+"""PPO (Schulman et al. 2017; CleanRL-style): clipped policy and value objective, GAE,
+entropy bonus, minibatch epochs, gradient clipping.
+
+Read top to bottom: pure step functions (sampling, GAE, loss), then ``PPOTrainer``, which
+builds envs, network, optimiser and storage from a ``TrainConfig`` and picks, flag by
+flag, the plain or the optimised path. With every flag plain this is the reference
+algorithm. Autoreset follows gymnasium's NEXT_STEP semantics on every backend: the step
+after an episode ends is a reset step, masked out of the loss and advantages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .common import device as dev
+from .common.config import TrainConfig, load_config
+from .common.envs import EpisodeTracker, frames_in_step, make_vector_env
+from .common.networks import ActorCritic
+from .common.probe import NullProbe, Probe
+from .common.resolve import Resolution, amp_dtype, resolve_config
+from .common.speedups import CompiledOrEager, CudaGraphedStep, HostToDevice, make_adam
+from .common.stats import make_stats
+
+log = logging.getLogger("rlgauge")
+LOG_2PI = math.log(2 * math.pi)
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN/Inf under ``stability.nan_policy: raise``."""
+
+
+# --------------------------------------------------------------------------- pure functions
+
+def sample_action(actor_out: torch.Tensor, log_std: torch.Tensor | None, generator: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample actions and their log-probabilities (float32) from the policy head."""
+    actor_out = actor_out.float()
+    if log_std is None:  # categorical over logits
+        log_probs = F.log_softmax(actor_out, dim=-1)
+        action = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    noise = torch.randn(actor_out.shape, generator=generator, device=actor_out.device, dtype=torch.float32)
+    action = actor_out + log_std.exp() * noise
+    return action, gaussian_log_prob(actor_out, log_std, action)
+
+
+def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """Diagonal Gaussian log-density, summed over action dimensions."""
+    z = (action - mean) * torch.exp(-log_std)
+    return (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
+
+
+def evaluate_actions(actor_out: torch.Tensor, log_std: torch.Tensor | None, action: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability and entropy of given actions under the current policy."""
+    actor_out = actor_out.float()
+    if log_std is None:
+        log_probs = F.log_softmax(actor_out, dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy
+    entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1).expand(actor_out.shape[0])
+    return gaussian_log_prob(actor_out, log_std, action), entropy
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor, terminated: torch.Tensor,
+                truncated: torch.Tensor, valid: torch.Tensor, gamma: float, lam: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over a (T, N) rollout.
+
+    Terminated steps do not bootstrap; truncated steps bootstrap from the value of the
+    final observation (under NEXT_STEP that is the next stored observation); both cut the
+    GAE chain. Reset steps (``valid == 0``) get zero advantage.
+    """
+    steps = rewards.shape[0]
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(steps)):
+        delta = rewards[t] + gamma * next_values[t] * (1.0 - terminated[t]) - values[t]
+        continues = (1.0 - terminated[t]) * (1.0 - truncated[t])
+        running = (delta + gamma * lam * continues * running) * valid[t]
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor, old_logprob: torch.Tensor,
+             advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
+             cfg: "PPOLossCoefs") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + (clipped) value loss - entropy bonus, averaged over valid samples."""
+    count = mask.sum().clamp_min(1.0)
+    masked_mean = lambda x: (x * mask).sum() / count  # noqa: E731
+    if cfg.norm_adv:
+        mean = masked_mean(advantages)
+        std = torch.sqrt(masked_mean((advantages - mean) ** 2))
+        advantages = (advantages - mean) / (std + 1e-8)
+    log_ratio = new_logprob - old_logprob
+    ratio = log_ratio.exp()
+    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
+    if cfg.clip_vloss:
+        clipped = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
+        v_loss = 0.5 * masked_mean(torch.max((new_value - returns) ** 2, (clipped - returns) ** 2))
+    else:
+        v_loss = 0.5 * masked_mean((new_value - returns) ** 2)
+    entropy_loss = masked_mean(entropy)
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+            "approx_kl": masked_mean((ratio - 1) - log_ratio),
+            "clip_fraction": masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float()),
+        }
+    return loss, stats
+
+
+@dataclass(frozen=True)
+class PPOLossCoefs:
+    clip_coef: float
+    clip_vloss: bool
+    ent_coef: float
+    vf_coef: float
+    norm_adv: bool
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    env_steps: int
+    agent_steps: int
+    updates: int
+
+
+# --------------------------------------------------------------------------- trainer
+
+class PPOTrainer:
+    """Build everything from a config; ``iterate()`` = one rollout + one update phase."""
+
+    algo = "ppo"
+
+    def __init__(self, config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> None:
+        res = resolution or resolve_config(config)
+        self.config, self.device, self.reasons = res.config, res.device, res.reasons
+        self.probe: Probe = probe or NullProbe()
+        c, o = self.config, self.config.optimizations
+        torch.manual_seed(c.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(c.seed)
+
+        self.envs = make_vector_env(c.env.id, c.env.num_envs, c.env.vectorization,
+                                    action_repeat=c.env.action_repeat, env_kwargs=c.env.kwargs)
+        obs, _ = self.envs.reset(seed=c.seed)
+        self.envs.action_space.seed(c.seed)
+        self.num_envs = c.env.num_envs
+        self.next_obs = obs
+        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        action_space = self.envs.single_action_space
+        self.model = ActorCritic(self.obs_dim, action_space, c.model).to(self.device)
+        self.discrete = self.model.discrete
+        if not self.discrete:
+            self.action_low = action_space.low.astype(np.float32)
+            self.action_high = action_space.high.astype(np.float32)
+
+        # optimisations, each picking one path
+        self.forward = CompiledOrEager(self.model, "model", mode=o.compile_mode) if o.compile_model else self.model
+        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
+        self.amp_dtype = amp_dtype(c)
+        self.scaler = dev.grad_scaler(self.device, enabled=o.amp and self.amp_dtype == torch.float16)
+        lr: float | torch.Tensor = c.ppo.learning_rate
+        if o.cuda_graphs:
+            lr = torch.tensor(lr, dtype=torch.float32, device=self.device)
+        self.optimizer = make_adam(self.model.parameters(), lr, c.ppo.adam_eps, o.optimizer_impl, capturable=o.cuda_graphs)
+        self.stats = make_stats(o.sync_free_logging, self.device)
+        self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
+        self.loss_and_grads = (CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True)
+                               if o.compile_train_step else self._loss_and_grads)
+        self._graphed: CudaGraphedStep | None = None
+        self.act = self._act_batched if o.batch_inference else self._act_per_env
+
+        self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
+        self._allocate_storage()
+        self.env_steps = self.agent_steps = self.updates = self.iterations = 0
+        self.nonfinite_events = 0
+        self.last_stats: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- storage
+    def _allocate_storage(self) -> None:
+        T, N, d = self.config.ppo.num_steps, self.num_envs, self.device
+        zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=d)  # noqa: E731
+        self.obs_buf = zeros(T, N, self.obs_dim)
+        self.actions_buf = zeros(T, N, dtype=torch.int64) if self.discrete else zeros(T, N, *self.model.log_std.shape)
+        self.logprobs_buf, self.values_buf, self.rewards_buf = zeros(T, N), zeros(T, N), zeros(T, N)
+        self.terminated_buf, self.truncated_buf, self.valid_buf = zeros(T, N), zeros(T, N), zeros(T, N)
+        self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
+
+    # ----------------------------------------------------------------- acting
+    def _policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.no_grad(), dev.autocast(self.device, self.config.optimizations.amp, self.amp_dtype):
+            actor_out, value = self.forward(obs)
+        log_std = None if self.discrete else self.model.log_std
+        action, logprob = sample_action(actor_out, log_std, self.generator)
+        return action, logprob, value.float()
+
+    def _act_per_env(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+        """Plain path: one forward per sub-env and a host copy of each action."""
+        probe = self.probe
+        obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
+        for i in range(self.num_envs):
+            with probe.phase("transfer"):
+                obs_i = self.to_device(obs[i:i + 1].reshape(1, -1), "obs_row")
+            with probe.phase("inference"):
+                action, logprob, value = self._policy(obs_i)
+                host_actions.append(action.cpu().numpy()[0])
+            obs_rows.append(obs_i)
+            actions.append(action)
+            logprobs.append(logprob)
+            values.append(value)
+        return (torch.cat(obs_rows), torch.cat(actions), torch.cat(logprobs), torch.cat(values), np.stack(host_actions))
+
+    def _act_batched(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+        """Optimised path: one host->device copy, batched forward (chunked), one host copy of actions."""
+        with self.probe.phase("transfer"):
+            obs_t = self.to_device(obs.reshape(self.num_envs, -1), "obs")
+        with self.probe.phase("inference"):
+            chunk = self.config.optimizations.inference_batch_size or self.num_envs
+            if chunk >= self.num_envs:
+                action, logprob, value = self._policy(obs_t)
+            else:
+                parts = [self._policy(obs_t[s:s + chunk]) for s in range(0, self.num_envs, chunk)]
+                action, logprob, value = (torch.cat(p) for p in zip(*parts))
+            host_actions = action.cpu().numpy()
+        return obs_t, action, logprob, value, host_actions
+
+    def select_actions(self, obs: np.ndarray) -> np.ndarray:
+        """One action selection for a batch of ``num_envs`` observations (host in, host out)."""
+        return self.act(obs)[4]
+
+    def _env_actions(self, host_actions: np.ndarray) -> np.ndarray:
+        if self.discrete:
+            return host_actions.astype(np.int64)
+        return np.clip(host_actions, self.action_low, self.action_high)
+
+    # ----------------------------------------------------------------- collect
+    def collect(self) -> tuple[int, int]:
+        """Fill the rollout storage; returns (env frames, agent steps)."""
+        probe, frames = self.probe, 0
+        for t in range(self.config.ppo.num_steps):
+            with probe.phase("transfer"):
+                self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
+            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            self.obs_buf[t] = obs_t
+            self.actions_buf[t] = action
+            self.logprobs_buf[t] = logprob
+            self.values_buf[t] = value
+            with probe.phase("env"):
+                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
+            with probe.phase("transfer"):
+                flags = self.to_device(np.stack([reward, terminated, truncated]), "flags")
+                self.rewards_buf[t], self.terminated_buf[t], self.truncated_buf[t] = flags
+            with probe.phase("logging"):
+                frames += frames_in_step(info, self.num_envs)
+                self.tracker.update(reward, terminated, truncated)
+                self.episode_over = terminated | truncated
+        return frames, self.config.ppo.num_steps * self.num_envs
+
+    # ----------------------------------------------------------------- update
+    def _loss_and_grads(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                        advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with dev.autocast(self.device, self.config.optimizations.amp, self.amp_dtype):
+            actor_out, new_value = self.forward(obs)
+        log_std = None if self.discrete else self.model.log_std
+        new_logprob, entropy = evaluate_actions(actor_out, log_std, actions)
+        loss, stats = ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
+                               mask, self.loss_coefs)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        max_norm = self.config.stability.max_grad_norm
+        params = list(self.model.parameters())
+        if max_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        return loss.detach(), stats, grad_norm
+
+    def _graphed_step(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Loss, grads and the optimiser step in one function, for CUDA graph capture."""
+        loss, stats, grad_norm = self._loss_and_grads(*batch)
+        self.optimizer.step()
+        return loss, stats, grad_norm
+
+    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Apply ``stability.nan_policy``; True if the optimiser step should run.
+
+        ``skip_update`` decides per update (one host sync); ``raise``/``warn`` record the
+        flag in the statistics, checked at the end of the iteration (no extra sync).
+        With float16 AMP, gradient overflow is the GradScaler's business: only the loss counts.
+        """
+        finite = torch.isfinite(loss) if self.scaler.is_enabled() else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        if self.config.stability.nan_policy == "skip_update":
+            if not bool(finite):
+                self.nonfinite_events += 1
+                log.warning("non-finite loss or gradient: update skipped (stability.nan_policy=skip_update)")
+                return False
+            return True
+        self.stats.add("nonfinite", (~finite).float())
+        return True
+
+    def _set_learning_rate(self) -> None:
+        ppo = self.config.ppo
+        if not ppo.anneal_lr:
+            return
+        lr = ppo.learning_rate * max(0.0, 1.0 - self.env_steps / ppo.anneal_steps)
+        for group in self.optimizer.param_groups:
+            if torch.is_tensor(group["lr"]):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def update(self) -> int:
+        """GAE, then ``update_epochs`` passes of minibatch steps; returns optimiser steps taken."""
+        c, o = self.config, self.config.optimizations
+        with self.probe.phase("inference"):
+            next_obs = self.to_device(self.next_obs.reshape(self.num_envs, -1), "obs")
+            _, _, next_value = self._policy(next_obs)
+        with self.probe.phase("update"):
+            self._set_learning_rate()
+            advantages, returns = compute_gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
+                                              self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
+            batch = (self.obs_buf.flatten(0, 1), self.actions_buf.flatten(0, 1), self.logprobs_buf.flatten(),
+                     advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
+            size = batch[0].shape[0]
+            minibatch = size // c.ppo.num_minibatches
+            steps = 0
+            for _ in range(c.ppo.update_epochs):
+                order = torch.randperm(size, generator=self.generator, device=self.device)
+                for start in range(0, size, minibatch):
+                    idx = order[start:start + minibatch]
+                    self._train_on([x[idx] for x in batch])
+                    steps += 1
+        return steps
+
+    def _train_on(self, minibatch: list[torch.Tensor]) -> None:
+        if self.config.optimizations.cuda_graphs:
+            if self._graphed is None:
+                self._graphed = CudaGraphedStep(self._graphed_step, self.model, self.optimizer, tuple(minibatch))
+            loss, stats, grad_norm = self._graphed(*minibatch)
+            self._finite_ok(loss, grad_norm)
+        else:
+            loss, stats, grad_norm = self.loss_and_grads(*minibatch)
+            if self._finite_ok(loss, grad_norm):
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+        for name, value in stats.items():
+            self.stats.add(name, value)
+
+    # ----------------------------------------------------------------- loop
+    def iterate(self) -> IterationResult:
+        """One rollout and one update phase; returns what it did."""
+        self.activate()
+        frames, decisions = self.collect()
+        updates = self.update()
+        with self.probe.phase("logging"):
+            self.last_stats = self.stats.flush()
+            self._check_nonfinite(updates)
+        self.env_steps += frames
+        self.agent_steps += decisions
+        self.updates += updates
+        self.iterations += 1
+        return IterationResult(frames, decisions, updates)
+
+    def activate(self) -> None:
+        """Apply this trainer's process-wide settings (precision, threads) before it runs."""
+        o = self.config.optimizations
+        dev.apply_precision(o.matmul_precision, o.tf32)
+        dev.apply_threads(o.torch_threads)
+
+    def _check_nonfinite(self, updates: int) -> None:
+        frac = self.last_stats.pop("nonfinite", 0.0)
+        events = round(frac * updates)
+        if not events:
+            return
+        self.nonfinite_events += events
+        message = f"{events} update(s) with a non-finite loss or gradient in iteration {self.iterations + 1}"
+        if self.config.stability.nan_policy == "raise":
+            raise NonFiniteError(message + " (stability.nan_policy=raise)")
+        log.warning("%s (stability.nan_policy=warn)", message)
+
+    @property
+    def compile_fallback(self) -> bool:
+        return any(isinstance(f, CompiledOrEager) and f.fell_back for f in (self.forward, self.loss_and_grads))
+
+    def mean_recent_return(self) -> float | None:
+        return self.tracker.mean_recent()
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train PPO from a YAML config on its own (no harness): ``python -m reference_trainers.ppo``."""
+    parser = argparse.ArgumentParser(prog="python -m reference_trainers.ppo", description=main.__doc__)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=50_000, help="env steps to train for")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    trainer = PPOTrainer(load_config(args.config, args.overrides))
+    try:
+        while trainer.env_steps < args.steps:
+            trainer.iterate()
+            print(f"env_steps={trainer.env_steps} episodes={trainer.tracker.completed} "
+                  f"mean_return={trainer.mean_recent_return()} loss={trainer.last_stats.get('policy_loss')}")
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
