@@ -9,13 +9,26 @@ Per-device resolution of ``auto`` values lives in ``resolve.py``.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 Auto = Literal["auto"]
+
+
+def _accepted_scalars(annotation: Any) -> set[str]:
+    """Scalar kinds a field annotation admits: {'bool', 'int', 'float', 'auto', ...}."""
+    if annotation in (bool, int, float, str):
+        return {annotation.__name__}
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return {str(a) for a in args}
+    if get_origin(annotation) is Annotated:
+        return _accepted_scalars(args[0])
+    return set().union(*(_accepted_scalars(a) for a in args)) if args else set()
 
 
 class ConfigError(ValueError):
@@ -24,6 +37,17 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_int_mixups(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML ``true`` is not a count and ``1`` is not a switch: reject either mix-up."""
+        accepts = _accepted_scalars(cls.model_fields[info.field_name].annotation)
+        if isinstance(value, bool) and "bool" not in accepts and accepts & {"int", "float"}:
+            raise ValueError("expected a number, not a boolean")
+        if type(value) is int and "bool" in accepts and not accepts & {"int", "float"}:
+            raise ValueError("expected true or false" + (" or 'auto'" if "auto" in accepts else ""))
+        return value
 
 
 class EnvConfig(_Section):
@@ -135,19 +159,40 @@ class TrainConfig(_Section):
     stability: StabilityConfig = Field(default_factory=StabilityConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, data: Any) -> Any:
+        """A section written with no keys (``optimizations:``) means all defaults."""
+        if isinstance(data, dict):
+            data = {k: ({} if v is None and k in _SECTIONS else v) for k, v in data.items()}
+        return data
+
     @field_validator("device")
     @classmethod
     def _device_syntax(cls, value: str) -> str:
-        base, _, index = value.partition(":")
-        if base not in ("auto", "cpu", "cuda", "mps") or (index and (base != "cuda" or not index.isdigit())):
+        base, sep, index = value.partition(":")
+        if base not in ("auto", "cpu", "cuda", "mps") or (sep and (base != "cuda" or not index.isdigit())):
             raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
         return value
 
 
+_SECTIONS = ("env", "model", "ppo", "optimizations", "stability", "run")
+
 # --------------------------------------------------------------------------- errors
 
 def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc if not str(part).startswith(("literal[", "bool", "int", "float", "none")))
+    """The user's dotted key of an error location, without pydantic's union/constraint tags."""
+    parts: list[str] = []
+    model: type[BaseModel] | None = TrainConfig
+    for part in loc:
+        if model is not None and str(part) in model.model_fields:
+            parts.append(str(part))
+            annotation = model.model_fields[str(part)].annotation
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        elif model is not None or isinstance(part, int):
+            parts.append(str(part))  # an unknown key, or a list index
+            model = None
+    return ".".join(parts)
 
 
 def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -188,16 +233,22 @@ def config_error_from(exc: ValidationError) -> ConfigError:
         seen.setdefault(_dotted(tuple(err["loc"])), err)
     first_key, first = next(iter(seen.items()))
     text = _describe(first)
-    if first["type"] != "extra_forbidden" and len(errors) > 1 and _is_bool_or_auto(first_key):
-        text = f"{first_key}: invalid value {first.get('input')!r}: expected true, false or 'auto'"
+    accepted = _union_accepts(first_key)
+    if first["type"] != "extra_forbidden" and accepted:
+        text = f"{first_key}: invalid value {first.get('input')!r}: expected {accepted}"
     more = len(seen) - 1
     return ConfigError(text + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
 
 
-def _is_bool_or_auto(key: str) -> bool:
+def _union_accepts(key: str) -> str | None:
+    """For the union-typed flags, one phrase naming everything accepted."""
     section, _, name = key.rpartition(".")
-    field = OptimizationsConfig.model_fields.get(name) if section == "optimizations" else None
-    return field is not None and field.annotation == Union[bool, Auto]
+    if section != "optimizations":
+        return None
+    if name == "torch_threads":
+        return "an integer in 1..1024, 'auto' or null"
+    field = OptimizationsConfig.model_fields.get(name)
+    return "true, false or 'auto'" if field is not None and field.annotation == Union[bool, Auto] else None
 
 
 # --------------------------------------------------------------------------- loading
@@ -211,7 +262,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -223,6 +274,22 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """Safe loader that reads YAML 1.2 floats: ``1e-3`` is a number, not a string."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` with YAML 1.2 exponent floats."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``'optimizations.amp=true'`` -> (['optimizations', 'amp'], True); values are YAML scalars."""
     key, sep, raw = text.partition("=")
@@ -230,9 +297,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optimizations.amp=true")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("[", "{")):
+        value = raw.strip()  # 'cuda:' or 'a: b' are text, not YAML mappings
     return key.split("."), value
 
 
@@ -255,10 +324,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict merge; ``update`` wins; inputs are not modified."""
-    out = dict(base)
+    out = {k: deep_merge({}, v) if isinstance(v, dict) else v for k, v in base.items()}
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+        if isinstance(value, dict):
+            out[key] = deep_merge(out[key] if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = value
     return out

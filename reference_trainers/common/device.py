@@ -37,14 +37,16 @@ def resolve_device(requested: str) -> torch.device:
     """``auto`` -> mps > cuda > cpu; an explicit device that is not here is a ``DeviceError``."""
     if requested == "auto":
         return torch.device(available_devices()[0])
-    base, _, index = requested.partition(":")
+    base, sep, index = requested.partition(":")
+    if sep and (base != "cuda" or not index.isdigit()):
+        raise DeviceError(f"device: invalid device {requested!r}; accepted: auto, cpu, cuda, cuda:N, mps")
     if base == "cpu":
         return torch.device("cpu")
     if base == "cuda":
         if not cuda_available():
             built = "with" if torch.version.cuda else "without"
             raise DeviceError(
-                f"device: 'cuda' requested but CUDA is not available (torch {torch.__version__} built {built} CUDA); "
+                f"device: {requested!r} requested but CUDA is not available (torch {torch.__version__} built {built} CUDA); "
                 f"accepted here: auto, {', '.join(available_devices())}"
             )
         count = torch.cuda.device_count()

@@ -77,12 +77,16 @@ def resolve_config(config: TrainConfig) -> Resolution:
     if o.amp_dtype == "float16" and not dev.supports_fp16_autocast(device):
         raise ConfigError(f"optimizations.amp_dtype: 'float16' autocast is not supported on {kind}; accepted here: bfloat16 or auto")
     if o.amp == "auto":
-        o.amp = _pick(reasons, "optimizations.amp", on_cuda, "tensor cores on CUDA; small CPU models run slower in autocast")
+        if o.cuda_graphs and o.amp_dtype == "float16":
+            o.amp = _pick(reasons, "optimizations.amp", False, "float16 AMP cannot be captured by cuda_graphs")
+        else:
+            o.amp = _pick(reasons, "optimizations.amp", on_cuda, "tensor cores on CUDA; small CPU models run slower in autocast")
 
     if o.compile_model == "auto":
         o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
     if o.compile_train_step == "auto":
-        o.compile_train_step = _pick(reasons, "optimizations.compile_train_step", on_cuda, "as compile_model")
+        o.compile_train_step = _pick(reasons, "optimizations.compile_train_step", on_cuda and not o.cuda_graphs,
+                                     "cuda_graphs captures the update instead" if o.cuda_graphs else "as compile_model")
     if o.compile_mode != "default" and not o.compile_model:
         raise ConfigError(f"optimizations.compile_mode: {o.compile_mode!r} has no effect unless compile_model is true; accepted: default")
 
