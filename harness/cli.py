@@ -84,7 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     results, interrupted = run_variants(specs, show_progress=show_progress, say=say)
     Console(soft_wrap=False, width=max(120, Console().width)).print(results_table(results))
     if args.out is not None:
-        save_results(args.out, results)
+        try:
+            save_results(args.out, results)
+        except OSError as exc:
+            raise UserError(f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from None
         print(f"results written to {args.out}", file=sys.stderr)
     if interrupted:
         return EXIT_INTERRUPTED

@@ -86,13 +86,18 @@ def load_results(path: Path) -> list[RunResult]:
 
 
 def check_writable(path: Path) -> None:
-    """Fail before a run starts if ``--out`` cannot be written."""
+    """Fail before a run starts if ``--out`` cannot be written (tried, not assumed)."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"--out {path}: is a directory; give a file name such as {path / 'result.json'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    probe_dir = parent
-    while not probe_dir.exists():
-        probe_dir = probe_dir.parent
-    if not os.access(probe_dir, os.W_OK):
-        raise UserError(f"--out {path}: directory {probe_dir} is not writable")
+    existing = path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--out {path}: {existing} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".rlgauge-write-check.", dir=existing)
+    except OSError as exc:
+        raise UserError(f"--out {path}: cannot create files in {existing} ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)

@@ -7,6 +7,7 @@ so machine drift hits every variant alike and their ratio is robust on a noisy m
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,6 +25,8 @@ from .progress import RunProgress
 from .provenance import git_info, machine_info
 from .results import RunResult
 from .sentinels import Float64Sentinel, HostSyncCounter
+
+log = logging.getLogger("rlgauge")
 
 
 @dataclass
@@ -56,6 +59,7 @@ class _Live:
     syncs_per_step: float | None = None
     float64_ops: int = 0
     float64_site: str | None = None
+    torch_threads: int | None = None
     error: str | None = None
     status: str = "ok"
 
@@ -74,6 +78,7 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     total = sum(l.resolution.config.run.warmup_steps + l.resolution.config.run.repeats * l.resolution.config.run.steps
                 for l in lives)
     interrupted = False
+    saved = dev.process_settings()
     with RunProgress(total, enabled=show_progress) as progress:
         try:
             for live in lives:
@@ -95,26 +100,34 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
             for live in lives:
                 if live.trainer is not None:
                     live.trainer.close()
+            dev.restore_process_settings(saved)
     return [_result(live) for live in lives], interrupted
 
 
 def _warm_up(live: _Live, progress: RunProgress) -> None:
     live.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
-    live.trainer = build_trainer(live.resolution, probe=live.probe)
-    dev.reset_peak_memory(live.resolution.device)
     budget = live.resolution.config.run.warmup_steps
     progress.describe(f"{live.spec.variant} warm-up")
     try:
+        live.trainer = build_trainer(live.resolution, probe=live.probe)
+        live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.DEFAULT_THREADS
+        dev.reset_peak_memory(live.resolution.device)
         while True:
             done = live.trainer.iterate()
             progress.advance(done.env_steps, live.trainer.env_steps)
             if live.trainer.env_steps >= budget:
                 break
-    except NonFiniteError as exc:
-        live.status, live.error = "failed", str(exc)
+    except Exception as exc:  # the trainer failed: record it, keep the other variants going
+        _failed(live, exc)
     dev.synchronize(live.resolution.device)
     live.warmup_s = time.perf_counter() - start
+
+
+def _failed(live: _Live, exc: Exception) -> None:
+    live.status = "failed"
+    live.error = str(exc) if isinstance(exc, NonFiniteError) else f"{type(exc).__name__}: {exc}"
+    log.error("%s %s failed: %s", live.spec.preset, live.spec.variant, live.error)
 
 
 def _timed_segment(live: _Live, progress: RunProgress) -> None:
@@ -132,8 +145,8 @@ def _timed_segment(live: _Live, progress: RunProgress) -> None:
             live.peak_rss_mb = max(live.peak_rss_mb, metrics.host_rss_mb())
             progress.advance(done.env_steps, trainer.env_steps)
         dev.synchronize(live.resolution.device)
-    except NonFiniteError as exc:
-        live.status, live.error = "failed", str(exc)
+    except Exception as exc:
+        _failed(live, exc)
         return
     finally:
         live.probe.enabled = False
@@ -163,8 +176,8 @@ def _latency_and_sentinels(live: _Live) -> None:
     try:
         with syncs.active(), wide:
             done = trainer.iterate()
-    except NonFiniteError as exc:
-        live.status, live.error = "failed", str(exc)
+    except Exception as exc:
+        _failed(live, exc)
         return
     vector_steps = max(1, done.agent_steps // live.resolution.config.env.num_envs)
     live.syncs_per_step = syncs.count / vector_steps
@@ -178,7 +191,7 @@ def _result(live: _Live) -> RunResult:
     util = None
     if measured and live.resolution.device.type == "cpu" and live.timed_seconds > 0:
         util = 100.0 * live.cpu_seconds / live.timed_seconds
-        metrics_block = {
+    metrics_block = {
         "env_steps_per_sec": metrics.spread(rates) if measured else None,
         "agent_steps_per_sec": metrics.spread(live.agent_rates) if measured else None,
         "updates_per_sec": metrics.spread(live.update_rates) if measured else None,
@@ -203,7 +216,8 @@ def _result(live: _Live) -> RunResult:
     return RunResult(
         preset=live.spec.preset, variant=live.spec.variant, algo=cfg.algo, status=status,
         started_at=live.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        git=git_info(), machine=machine_info(live.resolution.device), config=to_plain_dict(cfg),
+        git=git_info(), machine={**machine_info(live.resolution.device), "torch_threads": live.torch_threads},
+        config=to_plain_dict(cfg),
         metrics=metrics_block, stability=stability, resolution=dict(live.resolution.reasons),
         steps_completed=live.timed_steps, error=live.error,
     )

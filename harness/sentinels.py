@@ -9,6 +9,7 @@ compiled code.
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
 from collections import Counter
 from typing import Any, Callable, Iterator
@@ -18,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 _WIDE = (torch.float64, torch.complex128)
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 class Float64Sentinel(TorchDispatchMode):
@@ -36,7 +38,7 @@ class Float64Sentinel(TorchDispatchMode):
             self.count += 1
             self.ops[str(func)] += 1
             if self.first_site is None:
-                frames = [f for f in traceback.extract_stack()[:-1] if "torch" not in f.filename]
+                frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.startswith(_TORCH_DIR)]
                 self.first_site = f"{func} at {frames[-1].filename}:{frames[-1].lineno}" if frames else str(func)
         return out
 
@@ -73,13 +75,17 @@ class HostSyncCounter:
     def active(self) -> Iterator["HostSyncCounter"]:
         names = _SYNC_METHODS_ANY + ("cpu", "to", "numpy")
         originals = {n: getattr(torch.Tensor, n) for n in names}
+        own = {n for n in names if n in vars(torch.Tensor)}  # the rest are inherited from the C base
         try:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, self._wrap(name, original))
             yield self
         finally:
             for name, original in originals.items():
-                setattr(torch.Tensor, name, original)
+                if name in own:
+                    setattr(torch.Tensor, name, original)
+                else:
+                    delattr(torch.Tensor, name)
 
 
 def _counts(name: str, tensor: torch.Tensor, args: tuple, kwargs: dict, on_cpu: bool) -> bool:

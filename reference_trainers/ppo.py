@@ -200,10 +200,11 @@ class PPOTrainer:
 
     # ----------------------------------------------------------------- acting
     def _policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        with torch.no_grad(), dev.autocast(self.device, self.config.optimizations.amp, self.amp_dtype):
-            actor_out, value = self.forward(obs)
-        log_std = None if self.discrete else self.model.log_std
-        action, logprob = sample_action(actor_out, log_std, self.generator)
+        with torch.no_grad():
+            with dev.autocast(self.device, self.config.optimizations.amp, self.amp_dtype):
+                actor_out, value = self.forward(obs)
+            log_std = None if self.discrete else self.model.log_std
+            action, logprob = sample_action(actor_out, log_std, self.generator)
         return action, logprob, value.float()
 
     def _act_per_env(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:

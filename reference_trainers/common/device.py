@@ -108,6 +108,22 @@ def apply_threads(threads: int | None) -> None:
         torch.set_num_threads(wanted)
 
 
+def process_settings() -> tuple[int, str, bool, bool]:
+    """The process-wide settings trainers change (threads, matmul precision, TF32 switches)."""
+    cuda = torch.backends.cuda.is_built()
+    return (torch.get_num_threads(), torch.get_float32_matmul_precision(),
+            cuda and torch.backends.cuda.matmul.allow_tf32, cuda and torch.backends.cudnn.allow_tf32)
+
+
+def restore_process_settings(saved: tuple[int, str, bool, bool]) -> None:
+    threads, precision, matmul_tf32, cudnn_tf32 = saved
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(precision)
+    if torch.backends.cuda.is_built():
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
 def apply_precision(matmul_precision: str, tf32: bool) -> None:
     """Set the process-wide float32 matmul precision and, on CUDA, the TF32 switches.
 

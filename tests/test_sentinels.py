@@ -1,0 +1,211 @@
+"""The training-path detectors: ``Float64Sentinel`` (dispatch-level float64 ops) and
+``HostSyncCounter`` (device->host synchronisations)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY
+from harness.cli import main
+from harness.sentinels import Float64Sentinel, HostSyncCounter
+
+PATCHED = ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "to", "numpy")
+
+
+# --------------------------------------------------------------------------- Float64Sentinel
+
+def test_float64_sentinel_counts_a_planted_float64_op_and_names_it() -> None:
+    sentinel = Float64Sentinel()
+    with sentinel:
+        wide = torch.ones(2, dtype=torch.float64) + 1  # planted: aten.ones + aten.add, both float64
+    assert wide.dtype == torch.float64
+    assert sentinel.count == 2
+    assert sentinel.ops["aten.add.Tensor"] == 1
+    assert sentinel.ops["aten.ones.default"] == 1
+    assert sentinel.first_site is not None
+    assert sentinel.first_site.startswith("aten.ones.default at ")
+    assert Path(__file__).name in sentinel.first_site  # points at the user's line, not torch internals
+
+
+def test_float64_sentinel_sees_a_float32_tensor_widened_by_double() -> None:
+    sentinel = Float64Sentinel()
+    narrow = torch.ones(3)
+    with sentinel:
+        narrow.double()
+    assert sentinel.count == 1
+    assert sentinel.ops == {"aten._to_copy.default": 1}
+
+
+def test_float64_sentinel_counts_complex128_too() -> None:
+    sentinel = Float64Sentinel()
+    with sentinel:
+        torch.zeros(2, dtype=torch.complex128)
+    assert sentinel.count == 1
+
+
+def test_float64_sentinel_counts_zero_for_float32_work() -> None:
+    sentinel = Float64Sentinel()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with sentinel:
+        loss = model(torch.randn(5, 4)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        torch.from_numpy(np.zeros(3, dtype=np.float64).astype(np.float32))  # made float32 on the host first
+    assert sentinel.count == 0
+    assert sentinel.first_site is None
+    assert not sentinel.ops
+
+
+def test_float64_sentinel_sees_the_float64_tensor_behind_as_tensor_of_a_float64_array() -> None:
+    """``torch.as_tensor(float64_array, dtype=float32)`` first wraps the array as a float64 tensor."""
+    sentinel = Float64Sentinel()
+    with sentinel:
+        narrow = torch.as_tensor(np.zeros(3, dtype=np.float64), dtype=torch.float32)
+    assert narrow.dtype == torch.float32
+    assert sentinel.count >= 1
+
+
+def test_float64_sentinel_stops_counting_after_its_context() -> None:
+    sentinel = Float64Sentinel()
+    with sentinel:
+        torch.ones(1, dtype=torch.float64)
+    torch.ones(1, dtype=torch.float64) * 2
+    assert sentinel.count == 1
+
+
+# --------------------------------------------------------------------------- HostSyncCounter on the CPU
+
+def test_host_sync_counter_on_cpu_counts_each_host_read() -> None:
+    counter = HostSyncCounter(torch.device("cpu"))
+    x = torch.arange(4, dtype=torch.float32)
+    with counter.active():
+        x.sum().item()
+        x.tolist()
+        float(x.sum())
+        int(x[1])
+        bool(x[1] > 0)
+    assert counter.count == 5
+    assert dict(counter.by_call) == {"item": 1, "tolist": 1, "__float__": 1, "__int__": 1, "__bool__": 1}
+
+
+def test_host_sync_counter_on_cpu_counts_cpu_numpy_once() -> None:
+    counter = HostSyncCounter(torch.device("cpu"))
+    x = torch.arange(4, dtype=torch.float32)
+    with counter.active():
+        array = x.cpu().numpy()
+        x.to("cpu")  # a no-op on the CPU: free
+    assert isinstance(array, np.ndarray)
+    assert counter.count == 1
+    assert dict(counter.by_call) == {"numpy": 1}
+
+
+def test_host_sync_counter_counts_nothing_for_device_side_work() -> None:
+    counter = HostSyncCounter(torch.device("cpu"))
+    x = torch.randn(8)
+    with counter.active():
+        y = (x * 2).softmax(-1)
+        y = y.to(torch.float32)
+        torch.multinomial(y, 1)
+    assert counter.count == 0
+
+
+def test_host_sync_counter_restores_tensor_methods_after_the_context() -> None:
+    before = {name: getattr(torch.Tensor, name) for name in PATCHED}
+    counter = HostSyncCounter(torch.device("cpu"))
+    with counter.active():
+        assert all(getattr(torch.Tensor, name) is not before[name] for name in PATCHED)
+    assert all(getattr(torch.Tensor, name) is before[name] for name in PATCHED)
+    torch.ones(2).sum().item()
+    torch.ones(2).cpu().numpy()
+    assert counter.count == 0  # nothing is counted once the context is left
+
+
+def test_host_sync_counter_restores_tensor_methods_after_an_exception() -> None:
+    before = {name: getattr(torch.Tensor, name) for name in PATCHED}
+    counter = HostSyncCounter(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="inside"), counter.active():
+        torch.ones(1).item()
+        raise RuntimeError("inside")
+    assert counter.count == 1
+    assert all(getattr(torch.Tensor, name) is before[name] for name in PATCHED)
+
+
+def test_host_sync_counter_wrapped_methods_return_the_original_results() -> None:
+    x = torch.tensor([1.5, 2.5])
+    with HostSyncCounter(torch.device("cpu")).active():
+        assert x.tolist() == [1.5, 2.5]
+        assert x[0].item() == 1.5
+        assert float(x[1]) == 2.5
+        assert x.to(torch.float16).dtype == torch.float16
+        np.testing.assert_array_equal(x.cpu().numpy(), np.array([1.5, 2.5], dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- HostSyncCounter for an accelerator
+
+def test_host_sync_counter_for_cuda_does_not_count_cpu_copies_of_cpu_tensors() -> None:
+    # Only device.type is read, so this runs without CUDA: the tensors here all live on the CPU.
+    counter = HostSyncCounter(torch.device("cuda"))
+    x = torch.arange(3, dtype=torch.float32)
+    with counter.active():
+        x.cpu()
+        x.to("cpu")
+        x.to(device="cpu")
+        x.to(torch.device("cpu"))
+        x.numpy()
+    assert counter.count == 0
+
+
+def test_host_sync_counter_for_cuda_still_counts_scalar_reads() -> None:
+    counter = HostSyncCounter(torch.device("cuda"))
+    x = torch.arange(3, dtype=torch.float32)
+    with counter.active():
+        x.sum().item()
+        x.tolist()
+        float(x[0])
+    assert counter.count == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_host_sync_counter_for_cuda_counts_copies_of_device_tensors() -> None:
+    counter = HostSyncCounter(torch.device("cuda"))
+    x = torch.arange(3, dtype=torch.float32, device="cuda")
+    with counter.active():
+        x.cpu()
+        x.to("cpu")
+        x.to(device="cpu")
+        x.to("cuda")  # device to device: no sync
+    assert counter.count == 3
+
+
+# --------------------------------------------------------------------------- what the runner reports
+
+@pytest.fixture
+def _restore_torch_threads() -> Iterator[None]:
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    yield
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(precision)
+
+
+@pytest.mark.usefixtures("_restore_torch_threads")
+def test_runner_reports_per_env_host_syncs_for_baseline_and_about_one_per_step_for_optimized(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    num_envs = 4
+    out = tmp_path / "r.json"
+    argv = ["run", "ppo-cartpole", *[a for item in TINY for a in ("--set", item)],
+            "--set", f"env.num_envs={num_envs}", "--out", str(out), "--quiet"]
+    code = main(argv)
+    assert code == 0, capsys.readouterr().err
+    baseline, optimized = json.loads(out.read_text(encoding="utf-8"))["runs"]
+    base_syncs = baseline["metrics"]["host_syncs_per_step"]
+    opt_syncs = optimized["metrics"]["host_syncs_per_step"]
+    assert base_syncs >= num_envs  # one .cpu().numpy() per sub-env per step, plus .item() per logged value
+    assert 1 <= opt_syncs < 2  # one host copy of the actions per step (+ one per log interval)
+    assert base_syncs > 2 * opt_syncs
