@@ -27,18 +27,18 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 
 ROWS: list[tuple[str, Callable[[RunResult], Any], Callable[[Any], str], bool]] = [
-    # label, value, formatter, higher_is_better (ratio shown as optimised / baseline)
+    # label, value, formatter, whether a ratio means something (shown as second / first)
     ("env_steps_per_sec (median [min-max])", lambda r: r.metrics["env_steps_per_sec"], _fmt_rate, True),
     ("agent_steps_per_sec", lambda r: r.metrics["agent_steps_per_sec"], _fmt_rate, True),
     ("updates_per_sec", lambda r: r.metrics["updates_per_sec"], _fmt_rate, True),
-    ("inference_latency_ms p50", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p50"), lambda v: _fmt(v, 3), False),
-    ("inference_latency_ms p95", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p95"), lambda v: _fmt(v, 3), False),
-    ("host_syncs_per_step", lambda r: r.metrics["host_syncs_per_step"], _fmt, False),
-    ("peak_host_rss_mb", lambda r: r.metrics["peak_host_rss_mb"], lambda v: _fmt(v, 0), False),
-    ("peak_device_mem_mb", lambda r: r.metrics["peak_device_mem_mb"], lambda v: _fmt(v, 0), False),
-    ("device_utilization_pct", lambda r: r.metrics["device_utilization_pct"], lambda v: _fmt(v, 0), False),
-    ("warmup_s", lambda r: r.metrics["warmup_s"], _fmt, False),
-    ("mean_return_last_k", lambda r: r.metrics["mean_return_last_k"], lambda v: _fmt(v, 1), True),
+    ("inference_latency_ms p50", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p50"), lambda v: _fmt(v, 3), True),
+    ("inference_latency_ms p95", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p95"), lambda v: _fmt(v, 3), True),
+    ("host_syncs_per_step", lambda r: r.metrics["host_syncs_per_step"], _fmt, True),
+    ("peak_host_rss_mb", lambda r: r.metrics["peak_host_rss_mb"], lambda v: _fmt(v, 0), True),
+    ("peak_device_mem_mb", lambda r: r.metrics["peak_device_mem_mb"], lambda v: _fmt(v, 0), True),
+    ("device_utilization_pct", lambda r: r.metrics["device_utilization_pct"], lambda v: _fmt(v, 0), True),
+    ("warmup_s", lambda r: r.metrics["warmup_s"], _fmt, True),
+    ("mean_return_last_k", lambda r: r.metrics["mean_return_last_k"], lambda v: _fmt(v, 1), False),
 ]
 
 
@@ -77,10 +77,10 @@ def results_table(results: list[RunResult]) -> Table:
     pair = len(results) == 2
     if pair:
         table.add_column(f"ratio {results[1].variant}/{results[0].variant}", justify="right")
-    for label, value, fmt, _ in ROWS:
+    for label, value, fmt, has_ratio in ROWS:
         cells = [fmt(value(r)) for r in results]
         if pair:
-            cells.append(_ratio_cell(label, results[0], results[1], value))
+            cells.append(_ratio_cell(label, results[0], results[1], value) if has_ratio else "")
         table.add_row(escape(label), *(escape(c) for c in cells))
     for phase in PHASES:
         cells = [_fmt(_phase_share(r, phase), 1) for r in results]
