@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import traceback
 from collections import Counter
 from typing import Any, Callable, Iterator
@@ -49,10 +50,11 @@ _SYNC_METHODS_ANY = ("item", "tolist", "__float__", "__int__", "__bool__")
 class HostSyncCounter:
     """Count device->host synchronisations while active.
 
-    On an accelerator: ``.item()``, ``.tolist()``, ``float()/int()/bool()`` of a tensor and
-    ``.cpu()`` / ``.to('cpu')`` / ``.numpy()`` of a device tensor. On the CPU nothing
-    synchronises, so the same calls are counted as they would on an accelerator
-    (``.cpu()`` of a CPU tensor is free there, so only its ``.numpy()`` counts, once).
+    On an accelerator: ``.item()``, ``.tolist()``, ``float()/int()/bool()``, ``.cpu()`` and
+    ``.to('cpu')`` of a device tensor. On the CPU nothing synchronises, so the calls the
+    training code makes (not torch's own, e.g. optimiser step counters, which live on the
+    host on every device) are counted as they would on an accelerator; ``.cpu()`` of a CPU
+    tensor is free there, so only its ``.numpy()`` counts, once.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -64,6 +66,8 @@ class HostSyncCounter:
         counter, on_cpu = self, self.device.type == "cpu"
 
         def wrapped(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if on_cpu and sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR):
+                return original(tensor, *args, **kwargs)
             if _counts(name, tensor, args, kwargs, on_cpu):
                 counter.count += 1
                 counter.by_call[name] += 1
@@ -89,12 +93,12 @@ class HostSyncCounter:
 
 
 def _counts(name: str, tensor: torch.Tensor, args: tuple, kwargs: dict, on_cpu: bool) -> bool:
-    if name in _SYNC_METHODS_ANY:
-        return True
     if on_cpu:
-        return name == "numpy"
+        return name in _SYNC_METHODS_ANY or name == "numpy"
     if tensor.device.type == "cpu":
         return False
+    if name in _SYNC_METHODS_ANY:
+        return True
     if name == "cpu":
         return True
     if name == "to":

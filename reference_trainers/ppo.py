@@ -238,8 +238,8 @@ class PPOTrainer:
         return obs_t, action, logprob, value, host_actions
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
-        """One action selection for a batch of ``num_envs`` observations (host in, host out)."""
-        return self.act(obs)[4]
+        """One action selection for a batch of ``num_envs`` observations (host in, env-ready actions out)."""
+        return self._env_actions(self.act(obs)[4])
 
     def _env_actions(self, host_actions: np.ndarray) -> np.ndarray:
         if self.discrete:

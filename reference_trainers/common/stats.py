@@ -42,9 +42,9 @@ class SyncFreeStats:
         self._counts[name] += 1
 
     def flush(self) -> dict[str, float]:
-        if not self._sums:
+        names = [n for n in self._sums if self._counts[n]]
+        if not names:
             return {}
-        names = list(self._sums)
         values = torch.stack([self._sums[n] for n in names]).cpu().tolist()  # the one sync
         means = {n: v / self._counts[n] for n, v in zip(names, values)}
         for total in self._sums.values():
