@@ -314,7 +314,7 @@ class EpisodeTracker:
         if num_envs < 1 or window < 1:
             raise ValueError(f"num_envs and window must be >= 1, got {num_envs} and {window}")
         self.num_envs = int(num_envs)
-        self._returns = np.zeros(self.num_envs, dtype=np.float64)
+        self._returns = np.zeros(self.num_envs, dtype=np.float32)
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         self._resetting = np.zeros(self.num_envs, dtype=np.bool_)
         self._recent_returns: deque[float] = deque(maxlen=int(window))
@@ -323,7 +323,7 @@ class EpisodeTracker:
 
     def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
         """Account one vector step; return the returns of episodes that ended in it."""
-        rewards = np.asarray(rewards, dtype=np.float64).reshape(self.num_envs)
+        rewards = np.asarray(rewards, dtype=np.float32).reshape(self.num_envs)
         done = np.logical_or(terminated, truncated).reshape(self.num_envs)
         live = ~self._resetting
         self._returns[live] += rewards[live]
