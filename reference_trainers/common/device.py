@@ -143,9 +143,35 @@ def autocast(device: torch.device, enabled: bool, dtype: torch.dtype) -> context
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+class Float32GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` whose ``unscale_`` stays in float32.
+
+    torch computes the inverse scale as ``scale.double().reciprocal().float()`` (except on
+    MPS, which has no float64): a float64 op on the training path. The scale is always a
+    power of two (initial 2**16, growth 2, backoff 0.5), so its float32 reciprocal is exact
+    and the result is bit-identical. Guarded by the float64 property tests with fp16 AMP.
+    """
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._enabled:
+            return
+        from torch.amp.grad_scaler import OptState
+
+        self._check_scale_growth_tracker("unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        inv_scale = self._scale.reciprocal()
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, False)
+        state["stage"] = OptState.UNSCALED
+
+
 def grad_scaler(device: torch.device, enabled: bool) -> torch.amp.GradScaler:
-    """GradScaler for float16 AMP; a disabled scaler (a pass-through) otherwise."""
-    return torch.amp.GradScaler(device.type, enabled=enabled)
+    """GradScaler for float16 AMP (float32-only unscale); a disabled pass-through otherwise."""
+    return Float32GradScaler(device.type, enabled=enabled)
 
 
 def synchronize(device: torch.device) -> None:

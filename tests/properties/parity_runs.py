@@ -1,0 +1,92 @@
+"""Train a tiny configuration for K updates under the sentinels; compare with the all-plain reference."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from harness.parity import REDUCED_PRECISION, TOLERANCES
+from harness.sentinels import Float64Sentinel
+from reference_trainers import build_trainer
+from reference_trainers.common import device as dev
+from reference_trainers.common.config import build_config
+from reference_trainers.common.resolve import resolve_config
+from strategies import PROPERTY_NUM_ENVS
+
+TINY_PPO = [
+    "algo=ppo", "env.id=CartPole-v1", f"env.num_envs={PROPERTY_NUM_ENVS}", "env.vectorization=serial",
+    "ppo.num_steps=8", "ppo.num_minibatches=2", "ppo.update_epochs=1", "model.hidden_sizes=[16,16]",
+]
+ITERATIONS = 2
+"""Exact and fp-reorder classes compare after 2 iterations x 2 minibatch updates."""
+ONE_UPDATE = ["ppo.num_minibatches=1"]
+"""Reduced precision compares after exactly one optimiser update."""
+
+
+@dataclass
+class Outcome:
+    params: dict[str, torch.Tensor]
+    stats: dict[str, float]
+    float64_ops: int
+    float64_site: str | None
+    nonfinite_events: int
+    dtypes: set[torch.dtype]
+    compile_fallback: bool
+
+
+def train(overrides: list[str], *, seed: int, device: str = "cpu", iterations: int = ITERATIONS,
+          watch_float64: bool = True) -> Outcome:
+    """Build and run a trainer (under the float64 sentinel unless told otherwise: a dispatch
+    mode makes ``torch.compile`` run eagerly, so compiled numerics are checked without it)."""
+    config = build_config({}, TINY_PPO + overrides + [f"seed={seed}", f"device={device}"])
+    saved = dev.process_settings()
+    sentinel = Float64Sentinel()
+    trainer = None
+    try:
+        with sentinel if watch_float64 else contextlib.nullcontext():
+            trainer = build_trainer(resolve_config(config))
+            for _ in range(iterations):
+                trainer.iterate()
+        params = {n: p.detach().to("cpu", copy=True) for n, p in trainer.model.named_parameters()}
+        dtypes = {p.dtype for p in trainer.model.parameters()}
+        dtypes |= {t.dtype for t in vars(trainer).values() if isinstance(t, torch.Tensor)}
+        return Outcome(params, dict(trainer.last_stats), sentinel.count, sentinel.first_site,
+                       trainer.nonfinite_events, dtypes, trainer.compile_fallback)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        dev.restore_process_settings(saved)
+
+
+@functools.lru_cache(maxsize=64)
+def reference(seed: int, device: str = "cpu", one_update: bool = False) -> Outcome:
+    """The all-plain run for a seed (cached: hypothesis reuses seeds)."""
+    return train(ONE_UPDATE if one_update else [], seed=seed, device=device, iterations=1 if one_update else ITERATIONS)
+
+
+def assert_parity(candidate: Outcome, ref: Outcome, parity_class: str) -> None:
+    """Parameters and losses agree with the reference within the class's tolerance."""
+    tol = TOLERANCES[parity_class]
+    assert candidate.params.keys() == ref.params.keys()
+    for name, value in candidate.params.items():
+        torch.testing.assert_close(value, ref.params[name], rtol=tol.rtol, atol=tol.atol,
+                                   msg=lambda m, name=name: f"{parity_class} parity broken for {name}: {m}")
+    # Losses are means of terms of order one that largely cancel (normalised advantages sum
+    # to zero), so their round-off is relative to the terms' scale, not to the mean.
+    keys = ("value_loss", "entropy") if parity_class == REDUCED_PRECISION else tuple(ref.stats)
+    for key in keys:
+        got, want = candidate.stats[key], ref.stats[key]
+        assert abs(got - want) <= tol.rtol * max(abs(want), 1.0) + tol.atol, f"{parity_class}: {key} {got} vs {want}"
+
+
+def assert_clean(outcome: Outcome) -> None:
+    """Every combination: no float64 op, finite parameters, float32 state, Python-float stats."""
+    assert outcome.float64_ops == 0, f"float64 op on the training path: {outcome.float64_site}"
+    assert outcome.nonfinite_events == 0
+    for name, value in outcome.params.items():
+        assert torch.isfinite(value).all(), f"non-finite parameter {name}"
+    assert outcome.dtypes <= {torch.float32, torch.int64}, outcome.dtypes
+    assert all(type(v) is float for v in outcome.stats.values()), outcome.stats

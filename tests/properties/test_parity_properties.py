@@ -1,0 +1,64 @@
+"""Property tests: optimisation combinations keep the numbers their parity class promises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION, combined_class
+from parity_runs import ONE_UPDATE, assert_clean, assert_parity, reference, train
+from strategies import as_overrides, optimisation_combos, parity_settings
+
+SEEDS = st.integers(min_value=0, max_value=3)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    pytest.param("mps", marks=pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs MPS")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(data=st.data(), seed=SEEDS)
+def test_exact_flags_match_the_plain_reference(device: str, data: st.DataObject, seed: int) -> None:
+    combo = data.draw(optimisation_combos(device=device, classes=(EXACT,)))
+    outcome = train(as_overrides(combo), seed=seed, device=device)
+    assert_clean(outcome)
+    assert_parity(outcome, reference(seed, device), EXACT)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(data=st.data(), seed=SEEDS)
+def test_fp_reorder_flags_stay_within_reassociation_error(device: str, data: st.DataObject, seed: int) -> None:
+    combo = data.draw(optimisation_combos(device=device, classes=(EXACT, FP_REORDER)))
+    outcome = train(as_overrides(combo), seed=seed, device=device)
+    assert_clean(outcome)
+    assert_parity(outcome, reference(seed, device), combined_class(parity_settings(combo)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(data=st.data(), seed=SEEDS)
+def test_reduced_precision_stays_finite_and_close_after_one_update(device: str, data: st.DataObject, seed: int) -> None:
+    combo = data.draw(optimisation_combos(device=device, classes=(EXACT, FP_REORDER, REDUCED_PRECISION)))
+    outcome = train(as_overrides(combo) + ONE_UPDATE, seed=seed, device=device, iterations=1)
+    assert_clean(outcome)
+    assert_parity(outcome, reference(seed, device, one_update=True), combined_class(parity_settings(combo)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=2)
+@given(data=st.data(), seed=SEEDS)
+def test_compiled_combinations_stay_within_reassociation_error(device: str, data: st.DataObject, seed: int) -> None:
+    """Compilation is slow, so few examples; never none. Inductor's kernels reassociate float ops.
+
+    Parity runs the compiled code for real (no dispatch mode, which would make it eager);
+    the float64 check then runs the same combination under the sentinel (eagerly).
+    """
+    combo = data.draw(optimisation_combos(device=device, classes=(EXACT, FP_REORDER), compile_flags=True))
+    torch._dynamo.reset()
+    compiled = train(as_overrides(combo), seed=seed, device=device, watch_float64=False)
+    assert not compiled.compile_fallback
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
+    assert_parity(compiled, reference(seed, device), combined_class(parity_settings(combo)))
+    assert_clean(train(as_overrides(combo), seed=seed, device=device))

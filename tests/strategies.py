@@ -1,0 +1,83 @@
+"""Hypothesis strategies: valid optimisation combinations for an algorithm and device.
+
+A combination is a dict of dotted config keys -> values that differ from the plain path;
+``harness.parity.combined_class`` says how its numbers may differ from the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION
+from reference_trainers.common import device as dev
+
+PROPERTY_NUM_ENVS = 3
+
+
+@st.composite
+def optimisation_combos(draw: st.DrawFn, *, device: str = "cpu",
+                        classes: tuple[str, ...] = (EXACT, FP_REORDER, REDUCED_PRECISION),
+                        compile_flags: bool = False) -> dict[str, Any]:
+    """Draw a set of non-plain flag values from the given parity classes."""
+    import torch
+
+    on_cuda = device.startswith("cuda")
+    combo: dict[str, Any] = {}
+
+    def maybe(key: str, values: st.SearchStrategy[Any]) -> None:
+        value = draw(values)
+        if value is not None:
+            combo[key] = value
+
+    if EXACT in classes:
+        maybe("env.vectorization", st.sampled_from([None, "sync"]))
+        if draw(st.booleans()):
+            combo["optimizations.batch_inference"] = True
+            maybe("optimizations.inference_batch_size", st.none() | st.integers(1, PROPERTY_NUM_ENVS))
+        if draw(st.booleans()):
+            combo["optimizations.sync_free_logging"] = True
+        if on_cuda:
+            if draw(st.booleans()):
+                combo["optimizations.pinned_memory"] = True
+            if draw(st.booleans()):
+                combo["optimizations.non_blocking"] = True
+            if draw(st.booleans()):
+                combo["optimizations.cuda_graphs"] = True
+    if FP_REORDER in classes:
+        impls = ["foreach"] + (["fused"] if dev.supports_fused_adam(torch.device(device)) else [])
+        maybe("optimizations.optimizer_impl", st.sampled_from([None, *impls]))
+        if device == "cpu":
+            maybe("optimizations.torch_threads", st.sampled_from([None, 1]))
+        if compile_flags:
+            which = draw(st.sampled_from(["compile_model", "compile_train_step", "both"]))
+            if which in ("compile_model", "both"):
+                combo["optimizations.compile_model"] = True
+            if which in ("compile_train_step", "both") and not combo.get("optimizations.cuda_graphs"):
+                combo["optimizations.compile_train_step"] = True
+    if REDUCED_PRECISION in classes:
+        dtypes = ["bfloat16"] if dev.supports_bf16(torch.device(device)) else []
+        if not combo.get("optimizations.cuda_graphs"):
+            dtypes.append("float16")
+        amp = draw(st.sampled_from([None, *dtypes]))
+        if amp is not None:
+            combo["optimizations.amp"] = True
+            combo["optimizations.amp_dtype"] = amp
+        maybe("optimizations.matmul_precision", st.sampled_from([None, "high", "medium"]))
+        if on_cuda and dev.supports_tf32(torch.device(device)):
+            maybe("optimizations.tf32", st.sampled_from([None, True]))
+    return combo
+
+
+def as_overrides(combo: dict[str, Any]) -> list[str]:
+    """``--set`` strings for a combination (YAML scalars)."""
+    def text(value: Any) -> str:
+        return "true" if value is True else "false" if value is False else "null" if value is None else str(value)
+
+    return [f"{key}={text(value)}" for key, value in combo.items()]
+
+
+def parity_settings(combo: dict[str, Any]) -> dict[str, Any]:
+    """The flags whose parity class matters (``amp_dtype`` is a parameter of ``amp``)."""
+    return {k: v for k, v in combo.items() if k != "optimizations.amp_dtype"}
