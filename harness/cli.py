@@ -20,8 +20,9 @@ from reference_trainers.common.resolve import resolve_config
 
 from .errors import UserError
 from .presets import VARIANTS, list_presets, specs_for
+from .compare import Pair, comparison_table
 from .report import results_table
-from .results import check_writable, save_results
+from .results import check_writable, load_results, save_results
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -59,6 +60,29 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("target", metavar="PRESET|FILE.yaml")
     config.add_argument("--variant", choices=[*VARIANTS, "both"], default="both")
     _run_options(config)
+
+    compare = sub.add_parser("compare", help="two result files side by side (or a file's variants), ratios with CIs")
+    compare.add_argument("files", nargs="+", type=Path, metavar="RESULT.json", help="A.json B.json, or one file")
+    compare.add_argument("--confidence", type=float, help="level of the bootstrap intervals (default: gates.yaml)")
+
+    gate = sub.add_parser("gate", help="exit 1 on a confirmed slowdown, a speedup below a minimum, or instability")
+    gate.add_argument("--baseline", type=Path, metavar="A.json", help="result file of the reference build")
+    gate.add_argument("--candidate", type=Path, metavar="B.json", help="result file of the build under test")
+    gate.add_argument("--max-slowdown", type=float, metavar="PCT", help="tolerated throughput loss in %% (with --baseline)")
+    gate.add_argument("--run", metavar="PRESET|FILE.yaml", help="measure both variants interleaved in this process")
+    gate.add_argument("--min-speedup", type=float, metavar="X", help="minimum optimized/baseline speedup (with --run)")
+    _run_options(gate)
+    gate.add_argument("--out", type=Path, metavar="RESULT.json", help="with --run: write the measured results here")
+    gate.add_argument("--quiet", action="store_true", help="with --run: no progress bar or optimisation summary")
+    gate.add_argument("--confidence", type=float, help="level of the bootstrap intervals")
+    gate.add_argument("--allow-compile-fallback", action="store_true", help="a torch.compile fallback does not fail")
+    gate.add_argument("--thresholds", type=Path, metavar="FILE.yaml", help="thresholds file (default: harness/gates.yaml)")
+
+    record = sub.add_parser("record", help="append one RUNS.md row per run of the given result files")
+    record.add_argument("files", nargs="+", type=Path, metavar="RESULT.json")
+    record.add_argument("--milestone", required=True, metavar="NAME", help="the milestone the rows belong to")
+    record.add_argument("--runs-md", type=Path, default=Path("RUNS.md"), metavar="PATH",
+                        help="the file to append to (default: RUNS.md in the current folder)")
     return parser
 
 
@@ -72,23 +96,36 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return extra
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import resolve_specs, run_variants
+def _measure(specs: list, args: argparse.Namespace) -> tuple[list, bool]:
+    """Run resolved specs (``run`` and ``gate --run``): progress on stderr, table on stdout, ``--out`` written."""
+    from .runner import run_variants
 
-    specs = specs_for(args.target, args.variant, _overrides(args))
-    resolve_specs(specs)  # every flag checked before anything runs
-    if args.out is not None:
-        check_writable(args.out)
     say = (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
     show_progress = not args.quiet and sys.stderr.isatty()
     results, interrupted = run_variants(specs, show_progress=show_progress, say=say)
-    Console(soft_wrap=False, width=max(120, Console().width)).print(results_table(results))
+    _console().print(results_table(results))
     if args.out is not None:
         try:
             save_results(args.out, results)
         except OSError as exc:
             raise UserError(f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from None
         print(f"results written to {args.out}", file=sys.stderr)
+    return results, interrupted
+
+
+def _console() -> Console:
+    """Wide enough for the tables in a CI log or a pipe (rich assumes 80 columns there)."""
+    return Console(soft_wrap=False, width=max(160, Console().width))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import resolve_specs
+
+    specs = specs_for(args.target, args.variant, _overrides(args))
+    resolve_specs(specs)  # every flag checked before anything runs
+    if args.out is not None:
+        check_writable(args.out)
+    results, interrupted = _measure(specs, args)
     if interrupted:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.status != "ok"]
@@ -115,7 +152,108 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config}
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import file_pairs, variant_pairs
+    from .gate import load_thresholds
+
+    if len(args.files) > 2:
+        raise UserError(f"compare takes one or two result files, got {len(args.files)}")
+    confidence = load_thresholds().with_overrides(confidence=args.confidence).confidence
+    runs = [load_results(path) for path in args.files]
+    if len(runs) == 1:
+        pairs = variant_pairs(runs[0], str(args.files[0]))
+        headers: tuple[str | None, str | None] = (None, None)
+    else:
+        pairs = file_pairs(runs[0], runs[1], str(args.files[0]), str(args.files[1]))
+        headers = (f"A: {args.files[0]}", f"B: {args.files[1]}")
+    for pair in pairs:
+        base_header = None if headers[0] is None else f"{headers[0]} ({pair.base.variant})"
+        cand_header = None if headers[1] is None else f"{headers[1]} ({pair.cand.variant})"
+        _console().print(comparison_table(pair, confidence=confidence, base_header=base_header,
+                                          cand_header=cand_header))
+        _warn_if_not_comparable(pair)
+    return EXIT_OK
+
+
+def _warn_if_not_comparable(pair: Pair) -> None:
+    from .compare import config_differences, machine_differences
+
+    machines = machine_differences(pair.base, pair.cand)
+    if machines:
+        print(f"rlgauge: note: {pair.label}: measured on different machines ({', '.join(machines)} differ)",
+              file=sys.stderr)
+    configs = config_differences(pair.base, pair.cand)
+    if configs and pair.base.variant == pair.cand.variant:
+        shown = ", ".join(configs[:5]) + (f" and {len(configs) - 5} more" if len(configs) > 5 else "")
+        print(f"rlgauge: note: {pair.label}: configs differ in {shown}", file=sys.stderr)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from .gate import checks_table, failed, gate_files, gate_variants, load_thresholds
+    from .runner import resolve_specs
+
+    files_mode = args.baseline is not None or args.candidate is not None
+    if files_mode == (args.run is not None):
+        raise UserError("gate needs either --baseline A.json --candidate B.json, or --run PRESET (not both)")
+    run_only = [flag for flag, given in (("--min-speedup", args.min_speedup is not None), ("--out", args.out),
+                                         ("--set", args.overrides), ("--device", args.device), ("--steps", args.steps),
+                                         ("--repeats", args.repeats), ("--seed", args.seed)) if given]
+    if files_mode:
+        if args.baseline is None or args.candidate is None:
+            raise UserError("gate: --baseline and --candidate go together (the two result files to compare)")
+        if run_only:
+            raise UserError(f"gate: {run_only[0]} applies to --run only, not to --baseline/--candidate")
+    elif args.max_slowdown is not None:
+        raise UserError("gate: --max-slowdown applies to --baseline/--candidate; with --run use --min-speedup")
+    thresholds = load_thresholds(args.thresholds).with_overrides(
+        max_slowdown_pct=args.max_slowdown, min_speedup=args.min_speedup, confidence=args.confidence,
+        allow_compile_fallback=args.allow_compile_fallback)
+
+    if files_mode:
+        base_runs, cand_runs = load_results(args.baseline), load_results(args.candidate)
+        checks, pairs = gate_files(base_runs, cand_runs, thresholds)
+        title = f"gate: {args.candidate} against {args.baseline}"
+    else:
+        specs = specs_for(args.run, "both", _overrides(args))
+        if len(specs) < 2:
+            raise UserError(f"gate --run {args.run}: needs a preset with a baseline and an optimized variant")
+        resolve_specs(specs)
+        if args.out is not None:
+            check_writable(args.out)
+        results, interrupted = _measure(specs, args)
+        if interrupted:
+            return EXIT_INTERRUPTED
+        checks, pairs = gate_variants(results, thresholds)
+        title = f"gate: {args.run}, variants interleaved in one process"
+    for pair in pairs:
+        _warn_if_not_comparable(pair)
+    console = _console()
+    console.print(checks_table(checks, title))
+    bad = failed(checks)
+    if bad:
+        console.print(checks_table(bad, f"failed: {len(bad)} of {len(checks)} checks"))
+        print(f"rlgauge: gate failed: {len(bad)} of {len(checks)} checks", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    print(f"rlgauge: gate passed ({sum(c.passed is True for c in checks)} checks)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from .runs_md import append_rows, check_milestone, format_rows
+
+    milestone = check_milestone(args.milestone)
+    groups = [load_results(path) for path in args.files]  # every file checked before anything is written
+    if not any(groups):
+        raise UserError("record: the result files hold no runs")
+    rows = format_rows(milestone, groups)
+    append_rows(args.runs_md, rows)
+    print(f"appended {len(rows)} row{'s' * (len(rows) != 1)} to {args.runs_md} (milestone {milestone!r})",
+          file=sys.stderr)
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
+            "gate": cmd_gate, "record": cmd_record}
 
 
 def main(argv: list[str] | None = None) -> int:

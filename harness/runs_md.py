@@ -1,0 +1,260 @@
+"""RUNS.md: milestone rows formatted from results (pure), and a locked, atomic append (I/O).
+
+The append holds a ``filelock`` lock beside the file, reads it, checks that it ends in
+rlgauge's table, writes old content + new rows to a temporary file in the same folder,
+fsyncs it and renames it over RUNS.md. Readers see the old file or the new one, never half
+of one; parallel records queue on the lock and lose no row; earlier rows are kept byte for
+byte (checked before the rename).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .compare import Ratio, independent_ratio, paired_ratio, rate_samples
+from .errors import UserError
+from .results import RunResult
+
+COLUMNS = ("date", "milestone", "commit", "machine", "preset", "variant", "device", "env_steps_per_sec",
+           "speedup", "inference_latency_ms p50", "peak_host_rss_mb", "peak_device_mem_mb", "stability")
+HEADER = "| " + " | ".join(COLUMNS) + " |"
+SEPARATOR = "|" + "|".join("---" for _ in COLUMNS) + "|"
+
+TITLE = "# Milestone results\n"
+EXPLANATION = """\
+Rows are appended by `rlgauge record --milestone NAME RESULT.json...`, one per run; earlier
+rows are never rewritten. Columns:
+
+- `date`: when the run started (UTC); `milestone`: the name given to `record`.
+- `commit`: the measured code (short hash; `+dirty` when it had uncommitted changes).
+- `machine`: CPU, cores and torch build; `device`: what the run trained on.
+- `preset`, `variant`: what ran (`baseline`: every plain path; `optimized`: the preset's best
+  settings for the device; a config file's runs carry its name and `config`).
+- `env_steps_per_sec`: environment frames per second of the timed loop, median [min-max] over
+  the repeats (warm-up excluded).
+- `speedup`: env_steps_per_sec of this variant / the baseline variant of the same preset
+  recorded with it: median of per-repeat ratios [95 % bootstrap CI] when both ran interleaved
+  in one process (one result file), ratio of medians [95 % bootstrap CI] otherwise.
+- `inference_latency_ms p50`: one batched action selection for all envs, copies included.
+- `peak_host_rss_mb`, `peak_device_mem_mb`: peak memory of the timed loop (device: `-` on CPU).
+- `stability`: `passed`, or the status and what failed (float64 ops, non-finite events,
+  compile fallback, error).
+"""
+LOCK_TIMEOUT_S = 60.0
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+
+
+# --------------------------------------------------------------------------- rows (pure)
+
+def _cell(text: str) -> str:
+    """One table cell: single line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|") or "-"
+
+
+def _date(run: RunResult) -> str:
+    try:
+        started = dt.datetime.fromisoformat(run.started_at)
+    except ValueError:
+        return run.started_at
+    if started.tzinfo is not None:
+        started = started.astimezone(dt.timezone.utc)
+    return started.strftime("%Y-%m-%d %H:%M")
+
+
+def _commit(run: RunResult) -> str:
+    commit = run.git.get("commit")
+    if not commit:
+        return "-"
+    return str(commit)[:10] + ("+dirty" if run.git.get("dirty") else "")
+
+
+def _machine(run: RunResult) -> str:
+    m = run.machine
+    cpu = re.sub(r"\((R|TM|tm|r)\)", "", str(m.get("cpu", "?")))
+    cpu = re.sub(r"\s+(CPU|Processor)\b", "", cpu)
+    return f"{' '.join(cpu.split())}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}"
+
+
+def _device(run: RunResult) -> str:
+    device, name = str(run.machine.get("device") or run.config.get("device", "?")), run.machine.get("device_name")
+    return f"{device} ({name})" if name and device != "cpu" and name != device else device
+
+
+def _rate(run: RunResult) -> str:
+    block = run.metrics.get("env_steps_per_sec")
+    if not block:
+        return "-"
+    return f"{block['median']:,.0f} [{block['min']:,.0f}-{block['max']:,.0f}]"
+
+
+def _number(value: object, digits: int) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:,.{digits}f}"
+
+
+def _stability(run: RunResult) -> str:
+    s = run.stability
+    problems = [f"{k}={s.get(k)}" for k in ("float64_ops", "nonfinite_events") if s.get(k)]
+    if s.get("compile_fallback"):
+        problems.append("compile_fallback")
+    if run.error:
+        problems.append(run.error[:100])
+    if run.status == "ok" and s.get("passed") and not problems:
+        return "passed"
+    return f"{run.status}" + (f": {', '.join(problems)}" if problems else "")
+
+
+def speedups(groups: list[list[RunResult]]) -> dict[int, Ratio]:
+    """Speedup vs baseline for each run (keyed by ``id(run)``) where a baseline of its preset was given.
+
+    A baseline in the same group (one result file: one process, interleaved) gives a paired
+    ratio; otherwise the first baseline of the preset among all groups, an independent one.
+    """
+    all_runs = [r for g in groups for r in g]
+    out: dict[int, Ratio] = {}
+    for group in groups:
+        for run in group:
+            if run.variant == "baseline":
+                continue
+            same = next((b for b in group if b.preset == run.preset and b.variant == "baseline"), None)
+            base = same or next((b for b in all_runs if b.preset == run.preset and b.variant == "baseline"), None)
+            b, c = (rate_samples(base, "env_steps_per_sec") if base else None), rate_samples(run, "env_steps_per_sec")
+            if not b or not c:
+                continue
+            paired = same is not None and len(b) == len(c)
+            out[id(run)] = paired_ratio(b, c) if paired else independent_ratio(b, c)
+    return out
+
+
+def format_rows(milestone: str, groups: list[list[RunResult]]) -> list[str]:
+    """One table row per run, in order; ``groups`` are the runs of each result file."""
+    ratios = speedups(groups)
+    rows = []
+    for run in (r for g in groups for r in g):
+        ratio = ratios.get(id(run))
+        latency = (run.metrics.get("inference_latency_ms") or {}).get("p50")
+        cells = (_date(run), milestone, _commit(run), _machine(run), run.preset, run.variant, _device(run),
+                 _rate(run), ratio.fmt() if ratio else "-", _number(latency, 3),
+                 _number(run.metrics.get("peak_host_rss_mb"), 0), _number(run.metrics.get("peak_device_mem_mb"), 0),
+                 _stability(run))
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return rows
+
+
+def check_milestone(name: str) -> str:
+    if not name.strip() or "\n" in name or "\r" in name:
+        raise UserError(f"--milestone {name!r}: give a non-empty, one-line name (e.g. v0.2 or 'fused adam')")
+    return " ".join(name.split())
+
+
+# --------------------------------------------------------------------------- the file (I/O)
+
+def new_file_text() -> str:
+    return f"{TITLE}\n{EXPLANATION}\n{HEADER}\n{SEPARATOR}\n"
+
+
+def _split(line: str) -> list[str]:
+    """The cells of a table row (``|`` escaped as ``\\|`` stays inside its cell)."""
+    parts = _CELL_SPLIT.split(line.strip())
+    return [p.strip() for p in parts[1:-1]] if len(parts) >= 2 else []
+
+
+def _is_separator(line: str) -> bool:
+    cells = _split(line)
+    return len(cells) == len(COLUMNS) and all(re.fullmatch(r":?-{3,}:?", c) for c in cells)
+
+
+def _trim_blank_tail(lines: list[str]) -> list[str]:
+    lines = list(lines)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def table_end(text: str, path: Path) -> str | None:
+    """The text to append rows to (trailing blank lines dropped), or None when there is no table yet.
+
+    ``UserError`` when the file has a table that is not rlgauge's, a row with the wrong number of
+    cells, or text after the table (rows go at the end of the file, so the table must end it).
+    """
+    lines = _trim_blank_tail(text.split("\n"))
+    start = next((i for i, line in enumerate(lines) if _split(line) == list(COLUMNS)), None)
+    if start is None:
+        foreign = next((i for i, line in enumerate(lines) if line.lstrip().startswith("|")), None)
+        if foreign is not None:
+            raise UserError(f"{path}: line {foreign + 1}: a table that is not rlgauge's milestone table "
+                            f"(expected the columns {', '.join(COLUMNS)})")
+        return None
+    if start + 1 >= len(lines) or not _is_separator(lines[start + 1]):
+        raise UserError(f"{path}: line {start + 2}: expected the table's separator row {SEPARATOR!r}")
+    for number, line in enumerate(lines[start + 2:], start=start + 3):
+        if not line.lstrip().startswith("|"):
+            raise UserError(f"{path}: line {number}: text after the milestone table; rows are appended "
+                            "at the end of the file, so the table must end it")
+        found = len(_split(line))
+        if not line.rstrip().endswith("|") or found != len(COLUMNS):
+            raise UserError(f"{path}: line {number}: broken table row (expected {len(COLUMNS)} cells "
+                            f"between pipes, found {found})")
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    mode = path.stat().st_mode & 0o777 if path.exists() else None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def append_rows(path: Path, rows: list[str], *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
+    """Append ``rows`` to the table of ``path`` (created with its header if missing), locked and atomic."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; give the RUNS.md file")
+    if not path.parent.is_dir():
+        raise UserError(f"{path}: folder {path.parent} does not exist")
+    lock = FileLock(f"{path}.lock", timeout=lock_timeout)
+    try:
+        with lock:
+            _append_locked(path, rows)
+    except Timeout:
+        raise UserError(f"{path}: still locked by another 'rlgauge record' after {lock_timeout:g} s "
+                        f"(lock file {path}.lock)") from None
+
+
+def _append_locked(path: Path, rows: list[str]) -> None:
+    try:
+        old = path.read_text(encoding="utf-8") if path.exists() else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    if old is None or not old.strip():
+        base = new_file_text()
+    else:
+        end = table_end(old, path)
+        kept = "\n".join(_trim_blank_tail(old.split("\n")))
+        base = end if end is not None else kept + f"\n\n{EXPLANATION}\n{HEADER}\n{SEPARATOR}\n"
+        if not base.startswith(kept):  # the promise to the reader: earlier content is never rewritten
+            raise RuntimeError(f"{path}: appending would rewrite earlier content; nothing written")
+    new = base + "".join(row + "\n" for row in rows)
+    try:
+        _write_atomically(path, new)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,184 @@
+"""Gate verdicts (``harness.gate``) and its thresholds file: each check fails exactly when it should."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.gate import (GATES_FILE, Thresholds, failed, gate_files, gate_variants, learning_checks,
+                          load_thresholds, stability_checks, trained_env_steps)
+from harness.errors import UserError
+from results_factory import make_result
+
+TIGHT = [1000.0, 1002.0, 998.0, 1001.0, 999.0]
+
+
+def _scaled(factor: float, samples: list[float] = TIGHT) -> list[float]:
+    return [s * factor for s in samples]
+
+
+def _by_check(checks: list, name: str) -> list:
+    return [c for c in checks if c.check.startswith(name)]
+
+
+# --------------------------------------------------------------------------- thresholds file
+
+def test_shipped_thresholds_load_and_hold_the_documented_defaults() -> None:
+    th = load_thresholds()
+    assert th.max_slowdown_pct == 10 and th.min_speedup == 1.0 and th.confidence == 0.95
+    assert th.throughput_metrics == ("env_steps_per_sec",)
+    assert th.allow_compile_fallback is False
+    assert "ppo-cartpole" in th.learning
+    assert GATES_FILE.name == "gates.yaml"
+
+
+def test_command_line_values_override_the_file() -> None:
+    th = load_thresholds().with_overrides(max_slowdown_pct=5, min_speedup=2.5, confidence=0.9,
+                                          allow_compile_fallback=True)
+    assert (th.max_slowdown_pct, th.min_speedup, th.confidence, th.allow_compile_fallback) == (5, 2.5, 0.9, True)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ({"max_slowdown_pct": 150}, "--max-slowdown"), ({"max_slowdown_pct": -1}, "--max-slowdown"),
+    ({"max_slowdown_pct": float("nan")}, "finite"), ({"min_speedup": 0}, "--min-speedup"),
+    ({"confidence": 1.0}, "--confidence"),
+])
+def test_out_of_range_overrides_are_user_errors(override: dict, needle: str) -> None:
+    with pytest.raises(UserError, match=needle):
+        load_thresholds().with_overrides(**override)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("max_slowdown_pct: 10\nspeed: 3\n", "unknown key 'speed'"),
+    ("max_slowdown_pct: ten\n", "finite number"),
+    ("throughput_metrics: [frames]\n", "throughput_metrics"),
+    ("compile_fallback: sometimes\n", "compile_fallback"),
+    ("learning: {ppo-cartpole: {min_return: 10}}\n", "learning.ppo-cartpole"),
+    ("learning: {ppo-cartpole: {min_return: 10, min_env_steps: -5}}\n", "min_env_steps"),
+    ("[1, 2]\n", "expected a mapping"),
+    ("max_slowdown_pct: [\n", "malformed YAML"),
+])
+def test_a_bad_thresholds_file_is_a_one_line_user_error(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "gates.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError, match=needle) as err:
+        load_thresholds(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_missing_thresholds_file_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not found"):
+        load_thresholds(tmp_path / "nope.yaml")
+
+
+def test_thresholds_file_may_set_only_some_keys(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"max_slowdown_pct": 3}), encoding="utf-8")
+    th = load_thresholds(path)
+    assert th.max_slowdown_pct == 3 and th.min_speedup == Thresholds().min_speedup and th.learning == {}
+
+
+# --------------------------------------------------------------------------- throughput (two files)
+
+def test_a_confirmed_slowdown_beyond_the_threshold_fails() -> None:
+    checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=_scaled(0.8))], Thresholds())
+    (throughput,) = _by_check(checks, "env_steps_per_sec")
+    assert throughput.passed is False and "confirmed" in throughput.note
+    assert failed(checks) == [throughput]
+
+
+def test_a_slowdown_within_the_threshold_passes() -> None:
+    checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=_scaled(0.95))], Thresholds())
+    assert failed(checks) == []
+
+
+def test_a_slowdown_the_noise_cannot_confirm_passes_with_a_note() -> None:
+    noisy = [700.0, 1300.0, 850.0, 1000.0, 600.0]  # median 850: below 0.9, but the interval reaches above it
+    checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=noisy)], Thresholds())
+    (throughput,) = _by_check(checks, "env_steps_per_sec")
+    assert throughput.passed is True and "not confirmed" in throughput.note
+
+
+def test_max_slowdown_threshold_moves_the_bar() -> None:
+    base, cand = [make_result(samples=TIGHT)], [make_result(samples=_scaled(0.8))]
+    assert failed(gate_files(base, cand, Thresholds(max_slowdown_pct=25))[0]) == []
+    assert failed(gate_files(base, cand, Thresholds(max_slowdown_pct=15))[0]) != []
+
+
+def test_a_faster_candidate_passes() -> None:
+    checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=_scaled(3.0))], Thresholds())
+    assert failed(checks) == []
+
+
+def test_a_candidate_without_measurements_fails_naming_its_status() -> None:
+    checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=[], status="failed", error="boom")],
+                           Thresholds())
+    names = {c.check for c in failed(checks)}
+    assert "env_steps_per_sec candidate/baseline" in names and "status" in names
+    assert any("status failed" in c.note for c in failed(checks))
+
+
+def test_every_gated_metric_is_checked() -> None:
+    th = Thresholds(throughput_metrics=("env_steps_per_sec", "updates_per_sec"))
+    checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=TIGHT)], th)
+    assert {c.check for c in checks if "candidate/baseline" in c.check} == {
+        "env_steps_per_sec candidate/baseline", "updates_per_sec candidate/baseline"}
+
+
+# --------------------------------------------------------------------------- speedup (one process)
+
+def test_speedup_below_the_minimum_fails_when_every_round_says_so() -> None:
+    runs = [make_result("baseline", TIGHT), make_result("optimized", _scaled(1.8))]
+    assert failed(gate_variants(runs, Thresholds(min_speedup=2.0))[0])[0].check == "speedup optimized/baseline"
+    assert failed(gate_variants(runs, Thresholds(min_speedup=1.5))[0]) == []
+
+
+def test_speedup_uses_paired_rounds_so_shared_drift_does_not_blur_it() -> None:
+    drift = [1000.0, 400.0, 1000.0, 300.0, 1000.0]
+    runs = [make_result("baseline", drift), make_result("optimized", _scaled(1.8, drift))]
+    (speedup,) = _by_check(gate_variants(runs, Thresholds(min_speedup=2.0))[0], "speedup")
+    assert speedup.passed is False and speedup.measured.startswith("1.800x [1.800-1.800]")
+
+
+# --------------------------------------------------------------------------- stability and learning
+
+@pytest.mark.parametrize("kwargs, check", [
+    ({"float64_ops": 3, "status": "unstable"}, "float64_ops"),
+    ({"nonfinite_events": 1, "status": "unstable"}, "nonfinite_events"),
+    ({"compile_fallback": True}, "compile_fallback"),
+    ({"status": "interrupted"}, "status"),
+])
+def test_each_stability_problem_fails_its_own_check(kwargs: dict, check: str) -> None:
+    checks = stability_checks(make_result(**kwargs), Thresholds())
+    assert check in {c.check for c in failed(checks)}
+
+
+def test_a_compile_fallback_can_be_allowed() -> None:
+    checks = stability_checks(make_result(compile_fallback=True), Thresholds(allow_compile_fallback=True))
+    assert failed(checks) == []
+
+
+def test_a_clean_run_passes_every_stability_check() -> None:
+    checks = stability_checks(make_result(), Thresholds())
+    assert [c.passed for c in checks] == [True] * 4
+
+
+def test_learning_is_judged_only_after_enough_training() -> None:
+    th = load_thresholds()
+    bar = th.learning["ppo-cartpole"]
+    short = make_result(mean_return=bar.min_return - 1, warmup_steps=0, steps_completed=bar.min_env_steps - 1)
+    (check,) = learning_checks(short, th)
+    assert check.passed is None and check.verdict == "skip"
+    long_low = make_result(mean_return=bar.min_return - 1, warmup_steps=1024, steps_completed=bar.min_env_steps)
+    assert learning_checks(long_low, th)[0].passed is False
+    long_ok = make_result(mean_return=bar.min_return, warmup_steps=1024, steps_completed=bar.min_env_steps)
+    assert learning_checks(long_ok, th)[0].passed is True
+    none = make_result(mean_return=None, warmup_steps=1024, steps_completed=bar.min_env_steps)
+    assert learning_checks(none, th)[0].note == "no episode finished"
+    assert trained_env_steps(long_ok) == 1024 + bar.min_env_steps
+
+
+def test_presets_without_a_learning_bar_have_no_learning_check() -> None:
+    assert learning_checks(make_result(preset="ppo-pendulum"), load_thresholds()) == []
