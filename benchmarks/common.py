@@ -1,0 +1,80 @@
+"""What the asv benchmarks share: their parameters, device checks and seeded, cached inputs.
+
+Inputs here are only ever appended to. Changing an existing one (a seed, a step budget, a
+shape) changes what its benchmark measures and silently breaks the history asv has for it;
+add a new name instead.
+
+Adding a trainer's presets is one line: append them to ``PRESETS`` (DQN / IQN: ``"dqn-cartpole"``,
+``"iqn-cartpole"``, with a ``RUN_STEPS`` entry). Replay-buffer rates (list vs tensor insert /
+sample) belong in ``bench_replay.py`` with ``params = (REPLAY_KINDS, DEVICES)``, written once the
+replay buffers exist.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+
+from harness.presets import specs_for
+from harness.runner import VariantSpec
+from reference_trainers import build_trainer
+from reference_trainers.common import device as dev
+from reference_trainers.common.resolve import resolve_config
+
+PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum"]
+VARIANTS = ["baseline", "optimized"]
+DEVICES = ["cpu", "cuda", "mps"]
+PARAMS = (PRESETS, VARIANTS, DEVICES)
+PARAM_NAMES = ["preset", "variant", "device"]
+
+RUN_STEPS = {"ppo-cartpole": 2048, "ppo-acrobot": 2048, "ppo-pendulum": 2048}
+"""Timed env steps per repeat of the throughput runs (a multiple of each preset's rollout size)."""
+THROUGHPUT_REPEATS = 5
+WARMUP_STEPS = 1024
+OBS_SEED = 12345
+OBS_WARM_STEPS = 50
+"""Observations for latency benchmarks: reset with OBS_SEED, then OBS_WARM_STEPS random steps."""
+
+
+def available(device: str) -> bool:
+    return {"cpu": True, "cuda": dev.cuda_available(), "mps": dev.mps_available()}[device]
+
+
+def skip_unless_available(device: str) -> None:
+    """asv's way to skip a parameter combination: ``NotImplementedError`` from ``setup``."""
+    if not available(device):
+        raise NotImplementedError(f"{device} is not available on this machine")
+
+
+def throughput_overrides(preset: str, device: str) -> list[str]:
+    return [f"device={device}", f"run.steps={RUN_STEPS[preset]}", f"run.warmup_steps={WARMUP_STEPS}",
+            f"run.repeats={THROUGHPUT_REPEATS}", "run.latency_samples=20"]
+
+
+def spec(preset: str, variant: str, overrides: list[str]) -> VariantSpec:
+    (one,) = specs_for(preset, variant, overrides)
+    return one
+
+
+def build(preset: str, variant: str, device: str, overrides: tuple[str, ...] = ()):  # noqa: ANN201 - a trainer
+    """A trainer for one preset variant on ``device``, with its process settings applied."""
+    resolution = resolve_config(spec(preset, variant, [f"device={device}", *overrides]).config)
+    trainer = build_trainer(resolution)
+    trainer.activate()
+    return trainer
+
+
+@functools.lru_cache(maxsize=None)
+def observations(env_id: str, num_envs: int) -> np.ndarray:
+    """A fixed batch of ``num_envs`` float32 observations of ``env_id`` (seeded, reached by random play)."""
+    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    try:
+        obs, _ = env.reset(seed=OBS_SEED)
+        env.action_space.seed(OBS_SEED)
+        for _ in range(OBS_WARM_STEPS):
+            obs, *_ = env.step(env.action_space.sample())
+    finally:
+        env.close()
+    return np.asarray(obs, dtype=np.float32)

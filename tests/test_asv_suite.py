@@ -1,0 +1,189 @@
+"""The asv suite (``benchmarks/``) and ``asv.conf.json``: the suite is well formed, skips absent
+devices the asv way, and ``asv continuous`` catches a slowdown planted in a throwaway copy of the
+project while leaving two identical commits alone (slow: builds a virtualenv per run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import bench_inference, bench_memory, bench_throughput, common
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASV_FACTOR = "1.3"  # the factor of the Makefile's asv-continuous and of .github/workflows/benchmarks.yml
+BENCHMARK_CLASSES = [bench_throughput.Throughput, bench_inference.InferenceLatency, bench_memory.HostMemory,
+                     bench_memory.DeviceMemory]
+
+
+def _asv(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asv", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- the suite's shape
+
+@pytest.mark.parametrize("cls", BENCHMARK_CLASSES, ids=lambda c: c.__name__)
+def test_every_benchmark_spans_preset_variant_device(cls: type) -> None:
+    assert cls.params == common.PARAMS and cls.param_names == ["preset", "variant", "device"]
+    assert set(common.DEVICES) == {"cpu", "cuda", "mps"}
+    assert 0 < cls.timeout <= 600
+
+
+def test_metric_names_carry_their_prefix_and_tracks_their_unit() -> None:
+    names = {name for cls in BENCHMARK_CLASSES for name in vars(cls)
+             if name.startswith(("track_", "time_", "peakmem_"))}
+    assert {"track_env_steps_per_sec", "track_seconds_per_1k_env_steps", "time_select_actions",
+            "peakmem_short_training", "track_peak_device_mem_mb"} <= names
+    for cls in BENCHMARK_CLASSES:
+        for name, fn in vars(cls).items():
+            if name.startswith("track_"):
+                assert getattr(fn, "unit", None), f"{cls.__name__}.{name} has no unit"
+
+
+@pytest.mark.parametrize("cls", BENCHMARK_CLASSES, ids=lambda c: c.__name__)
+def test_an_absent_device_is_skipped_with_not_implemented(cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "available", lambda device: device == "cpu")
+    bench = cls()
+    args = ({},) if cls is bench_throughput.Throughput else ()
+    for device in ("cuda", "mps"):
+        with pytest.raises(NotImplementedError, match=device):
+            bench.setup(*args, "ppo-cartpole", "optimized", device)
+
+
+def test_device_memory_is_skipped_on_cpu_which_has_none() -> None:
+    with pytest.raises(NotImplementedError, match="no device memory"):
+        bench_memory.DeviceMemory().setup("ppo-cartpole", "baseline", "cpu")
+
+
+def test_cached_observations_are_seeded_float32_and_the_same_every_time() -> None:
+    first = common.observations("CartPole-v1", 16)
+    common.observations.cache_clear()
+    second = common.observations("CartPole-v1", 16)
+    assert first.dtype == np.float32 and first.shape == (16, 4)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_every_throughput_preset_has_a_step_budget_and_ships() -> None:
+    from harness.presets import preset_names
+
+    assert set(common.PRESETS) <= set(preset_names())
+    assert set(common.RUN_STEPS) >= set(common.PRESETS)
+
+
+def test_inference_benchmark_selects_actions_for_every_env() -> None:
+    bench = bench_inference.InferenceLatency()
+    bench.setup("ppo-cartpole", "optimized", "cpu")
+    try:
+        actions = bench.trainer.select_actions(bench.obs)
+        assert actions.shape == (16,)
+        bench.time_select_actions("ppo-cartpole", "optimized", "cpu")
+    finally:
+        bench.teardown("ppo-cartpole", "optimized", "cpu")
+
+
+def test_asv_check_finds_no_problem() -> None:
+    proc = _asv("check", "--python=same", cwd=REPO_ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "No problems found" in proc.stdout
+
+
+# --------------------------------------------------------------------------- asv continuous on a throwaway repo
+
+PLANTED = '''
+
+# planted by tests/test_asv_suite.py: every training iteration takes twice as long
+import time as _time
+
+_real_build_trainer = build_trainer
+
+
+def build_trainer(resolution, probe=None):
+    trainer = _real_build_trainer(resolution, probe)
+    real_iterate = trainer.iterate
+
+    def iterate():
+        start = _time.perf_counter()
+        done = real_iterate()
+        _time.sleep(_time.perf_counter() - start)
+        return done
+
+    trainer.iterate = iterate
+    return trainer
+'''
+
+
+def _git(*args: str, cwd: Path) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def _copy_project(dest: Path) -> None:
+    """The project's files as they are (tracked and new, not ignored) into a fresh git repo."""
+    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO_ROOT).split("\0")
+    for name in filter(None, listed):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+@pytest.mark.slow
+def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(tmp_path: Path) -> None:
+    """Three commits: base, an identical one, one whose trainer iterations take twice as long.
+
+    Only CartPole is measured (the copy's PRESETS is cut down) to keep the two virtualenv
+    builds and runs to a few minutes; the benchmark and the factor are the ones CI uses.
+    """
+    if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs the project's git checkout")
+    repo, home = tmp_path / "project", tmp_path / "home"
+    repo.mkdir()
+    home.mkdir()
+    _copy_project(repo)
+    common_py = repo / "benchmarks" / "common.py"
+    text = common_py.read_text(encoding="utf-8")
+    full = 'PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum"]'
+    assert full in text, "benchmarks/common.py's PRESETS line changed: update this test"
+    common_py.write_text(text.replace(full, 'PRESETS = ["ppo-cartpole"]'), encoding="utf-8")
+    _git("init", "-q", "-b", "main", cwd=repo)
+    _git("add", "-A", cwd=repo)
+    _git("commit", "-q", "-m", "base", cwd=repo)
+    _git("commit", "-q", "--allow-empty", "-m", "identical", cwd=repo)
+    init = repo / "reference_trainers" / "__init__.py"
+    init.write_text(init.read_text(encoding="utf-8") + PLANTED, encoding="utf-8")
+    _git("commit", "-q", "-am", "slow", cwd=repo)
+
+    env = {**os.environ, "HOME": str(home)}  # the asv machine file goes to this HOME, not the user's
+    machine = _asv("machine", "--yes", cwd=repo, env=env, timeout=120)
+    assert machine.returncode == 0, machine.stdout + machine.stderr
+    bench = ["-b", "track_seconds_per_1k_env_steps", "--factor", ASV_FACTOR]
+
+    slowed = _asv("continuous", *bench, "HEAD~1", "HEAD", cwd=repo, env=env)
+    assert slowed.returncode == 1, slowed.stdout + slowed.stderr
+    assert "PERFORMANCE DECREASED" in slowed.stdout
+    worse = [line for line in slowed.stdout.splitlines() if line.startswith("| +") and "cartpole" in line]
+    assert len(worse) == 2, slowed.stdout  # both variants
+    assert all(float(line.split("|")[4]) > 1.5 for line in worse)
+
+    same = _asv("continuous", *bench, "HEAD~2", "HEAD~1", cwd=repo, env=env)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "PERFORMANCE DECREASED" not in same.stdout
+
+
+@pytest.mark.parametrize("asv, expected", [("true", "1"), (None, "unset")])
+def test_threads_are_pinned_under_asv_only(asv: str | None, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("ASV", "OMP_NUM_THREADS")}
+    if asv:
+        env["ASV"] = asv
+    code = "import os, benchmarks; print(os.environ.get('OMP_NUM_THREADS', 'unset'))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == expected
