@@ -1,4 +1,4 @@
-"""Reference trainers: PPO (and the building blocks the trainers share, in ``common``)."""
+"""Reference trainers: PPO, DQN and IQN (and the building blocks they share, in ``common``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from .common.resolve import Resolution
 
 def build_trainer(resolution: Resolution, probe: Probe | None = None):  # noqa: ANN201 - a trainer
     """The trainer for ``resolution.config.algo``, built from an already resolved config."""
+    from .dqn import DQNTrainer
+    from .iqn import IQNTrainer
     from .ppo import PPOTrainer
 
-    trainers = {"ppo": PPOTrainer}
+    trainers = {"ppo": PPOTrainer, "dqn": DQNTrainer, "iqn": IQNTrainer}
     return trainers[resolution.config.algo](resolution.config, probe=probe, resolution=resolution)
 
 

@@ -10,32 +10,25 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import device as dev
-from .common.config import TrainConfig, load_config
+from .common.config import TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, make_vector_env
+from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic
 from .common.probe import NullProbe, Probe
-from .common.resolve import Resolution, amp_dtype, resolve_config
-from .common.speedups import CompiledOrEager, CudaGraphedStep, HostToDevice, make_adam
-from .common.stats import make_stats
+from .common.resolve import Resolution, resolve_config
+from .common.speedups import HostToDevice
+from .common.trainer import IterationResult, train_from_command_line
 
-log = logging.getLogger("rlgauge")
 LOG_2PI = math.log(2 * math.pi)
 
-
-class NonFiniteError(RuntimeError):
-    """A loss or gradient was NaN/Inf under ``stability.nan_policy: raise``."""
+__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "ppo_loss"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -130,13 +123,6 @@ class PPOLossCoefs:
     norm_adv: bool
 
 
-@dataclass(frozen=True)
-class IterationResult:
-    env_steps: int
-    agent_steps: int
-    updates: int
-
-
 # --------------------------------------------------------------------------- trainer
 
 class PPOTrainer:
@@ -167,26 +153,31 @@ class PPOTrainer:
             self.action_high = action_space.high.astype(np.float32)
 
         # optimisations, each picking one path
-        self.forward = CompiledOrEager(self.model, "model", mode=o.compile_mode) if o.compile_model else self.model
+        self.forward = maybe_compile(self.model, o)
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
-        self.amp_dtype = amp_dtype(c)
-        self.scaler = dev.grad_scaler(self.device, enabled=o.amp and self.amp_dtype == torch.float16)
-        lr: float | torch.Tensor = c.ppo.learning_rate
-        if o.cuda_graphs:
-            lr = torch.tensor(lr, dtype=torch.float32, device=self.device)
-        self.optimizer = make_adam(self.model.parameters(), lr, c.ppo.adam_eps, o.optimizer_impl, capturable=o.cuda_graphs)
-        self.stats = make_stats(o.sync_free_logging, self.device)
+        self.learner = Learner(self.model, self._minibatch_loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
-        self.loss_and_grads = (CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True)
-                               if o.compile_train_step else self._loss_and_grads)
-        self._graphed: CudaGraphedStep | None = None
         self.act = self._act_batched if o.batch_inference else self._act_per_env
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self._allocate_storage()
         self.env_steps = self.agent_steps = self.updates = self.iterations = 0
-        self.nonfinite_events = 0
         self.last_stats: dict[str, float] = {}
+
+    # the update machinery lives in the shared Learner; these are its parts, by their old names
+    optimizer = property(lambda self: self.learner.optimizer)
+    scaler = property(lambda self: self.learner.scaler)
+    stats = property(lambda self: self.learner.stats)
+    nonfinite_events = property(lambda self: self.learner.nonfinite_events)
+    _graphed = property(lambda self: self.learner.graphed)
+
+    @property
+    def loss_and_grads(self):  # noqa: ANN201 - the (possibly compiled) train-step closure
+        return self.learner.loss_and_grads
+
+    @loss_and_grads.setter
+    def loss_and_grads(self, fn) -> None:  # noqa: ANN001
+        self.learner.loss_and_grads = fn
 
     # ----------------------------------------------------------------- storage
     def _allocate_storage(self) -> None:
@@ -201,7 +192,7 @@ class PPOTrainer:
     # ----------------------------------------------------------------- acting
     def _policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            with dev.autocast(self.device, self.config.optimizations.amp, self.amp_dtype):
+            with self.learner.autocast():
                 actor_out, value = self.forward(obs)
             log_std = None if self.discrete else self.model.log_std
             action, logprob = sample_action(actor_out, log_std, self.generator)
@@ -270,60 +261,21 @@ class PPOTrainer:
         return frames, self.config.ppo.num_steps * self.num_envs
 
     # ----------------------------------------------------------------- update
-    def _loss_and_grads(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+    def _minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
                         advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        with dev.autocast(self.device, self.config.optimizations.amp, self.amp_dtype):
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The PPO loss of one minibatch (the learner adds backward, clipping and the step)."""
+        with self.learner.autocast():
             actor_out, new_value = self.forward(obs)
         log_std = None if self.discrete else self.model.log_std
         new_logprob, entropy = evaluate_actions(actor_out, log_std, actions)
-        loss, stats = ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
-                               mask, self.loss_coefs)
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.config.stability.max_grad_norm
-        params = list(self.model.parameters())
-        if max_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        return loss.detach(), stats, grad_norm
-
-    def _graphed_step(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        """Loss, grads and the optimiser step in one function, for CUDA graph capture."""
-        loss, stats, grad_norm = self._loss_and_grads(*batch)
-        self.optimizer.step()
-        return loss, stats, grad_norm
-
-    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
-        """Apply ``stability.nan_policy``; True if the optimiser step should run.
-
-        ``skip_update`` decides per update (one host sync); ``raise``/``warn`` record the
-        flag in the statistics, checked at the end of the iteration (no extra sync).
-        With float16 AMP, gradient overflow is the GradScaler's business: only the loss counts.
-        """
-        finite = torch.isfinite(loss) if self.scaler.is_enabled() else torch.isfinite(loss) & torch.isfinite(grad_norm)
-        if self.config.stability.nan_policy == "skip_update":
-            if not bool(finite):
-                self.nonfinite_events += 1
-                log.warning("non-finite loss or gradient: update skipped (stability.nan_policy=skip_update)")
-                return False
-            return True
-        self.stats.add("nonfinite", (~finite).float())
-        return True
+        return ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
+                        mask, self.loss_coefs)
 
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo
-        if not ppo.anneal_lr:
-            return
-        lr = ppo.learning_rate * max(0.0, 1.0 - self.env_steps / ppo.anneal_steps)
-        for group in self.optimizer.param_groups:
-            if torch.is_tensor(group["lr"]):
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
+        if ppo.anneal_lr:
+            self.learner.set_learning_rate(ppo.learning_rate * max(0.0, 1.0 - self.env_steps / ppo.anneal_steps))
 
     def update(self) -> int:
         """GAE, then ``update_epochs`` passes of minibatch steps; returns optimiser steps taken."""
@@ -344,23 +296,9 @@ class PPOTrainer:
                 order = torch.randperm(size, generator=self.generator, device=self.device)
                 for start in range(0, size, minibatch):
                     idx = order[start:start + minibatch]
-                    self._train_on([x[idx] for x in batch])
+                    self.learner.step(*(x[idx] for x in batch))
                     steps += 1
         return steps
-
-    def _train_on(self, minibatch: list[torch.Tensor]) -> None:
-        if self.config.optimizations.cuda_graphs:
-            if self._graphed is None:
-                self._graphed = CudaGraphedStep(self._graphed_step, self.model, self.optimizer, tuple(minibatch))
-            loss, stats, grad_norm = self._graphed(*minibatch)
-            self._finite_ok(loss, grad_norm)
-        else:
-            loss, stats, grad_norm = self.loss_and_grads(*minibatch)
-            if self._finite_ok(loss, grad_norm):
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-        for name, value in stats.items():
-            self.stats.add(name, value)
 
     # ----------------------------------------------------------------- loop
     def iterate(self) -> IterationResult:
@@ -369,8 +307,7 @@ class PPOTrainer:
         frames, decisions = self.collect()
         updates = self.update()
         with self.probe.phase("logging"):
-            self.last_stats = self.stats.flush()
-            self._check_nonfinite(updates)
+            self.last_stats = self.learner.flush(updates, self.iterations + 1)
         self.env_steps += frames
         self.agent_steps += decisions
         self.updates += updates
@@ -379,24 +316,11 @@ class PPOTrainer:
 
     def activate(self) -> None:
         """Apply this trainer's process-wide settings (precision, threads) before it runs."""
-        o = self.config.optimizations
-        dev.apply_precision(o.matmul_precision, o.tf32)
-        dev.apply_threads(o.torch_threads)
-
-    def _check_nonfinite(self, updates: int) -> None:
-        frac = self.last_stats.pop("nonfinite", 0.0)
-        events = round(frac * updates)
-        if not events:
-            return
-        self.nonfinite_events += events
-        message = f"{events} update(s) with a non-finite loss or gradient in iteration {self.iterations + 1}"
-        if self.config.stability.nan_policy == "raise":
-            raise NonFiniteError(message + " (stability.nan_policy=raise)")
-        log.warning("%s (stability.nan_policy=warn)", message)
+        apply_process_settings(self.config.optimizations)
 
     @property
     def compile_fallback(self) -> bool:
-        return any(isinstance(f, CompiledOrEager) and f.fell_back for f in (self.forward, self.loss_and_grads))
+        return fell_back(self.forward, self.learner.loss_and_grads)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()
@@ -407,20 +331,8 @@ class PPOTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """Train PPO from a YAML config on its own (no harness): ``python -m reference_trainers.ppo``."""
-    parser = argparse.ArgumentParser(prog="python -m reference_trainers.ppo", description=main.__doc__)
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=50_000, help="env steps to train for")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    trainer = PPOTrainer(load_config(args.config, args.overrides))
-    try:
-        while trainer.env_steps < args.steps:
-            trainer.iterate()
-            print(f"env_steps={trainer.env_steps} episodes={trainer.tracker.completed} "
-                  f"mean_return={trainer.mean_recent_return()} loss={trainer.last_stats.get('policy_loss')}")
-    finally:
-        trainer.close()
-    return 0
+    return train_from_command_line(PPOTrainer, "policy_loss", argv, prog="python -m reference_trainers.ppo",
+                                   description=main.__doc__)
 
 
 if __name__ == "__main__":

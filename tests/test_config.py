@@ -349,7 +349,7 @@ def test_defaults_are_the_plain_path() -> None:
 
 def test_every_optimisation_flag_defaults_to_its_plain_path() -> None:
     """Guards new flags too: none may default to on or to ``auto``."""
-    plain = {False, None, "forloop", "highest", "default"}
+    plain = {False, None, "forloop", "highest", "default", "list"}
     for name, field in OptimizationsConfig.model_fields.items():
         default = field.get_default(call_default_factory=True)
         if name == "amp_dtype":  # only read when amp is on, and amp defaults to off

@@ -101,6 +101,67 @@ class PPOConfig(_Section):
     adam_eps: float = Field(1e-5, gt=0)
 
 
+class ValueConfig(_Section):
+    """Hyper-parameters shared by the value-based trainers (DQN, IQN). Schedules count agent
+    steps (decisions: env steps unless ``env.action_repeat`` > 1) over all sub-envs."""
+
+    learning_rate: float = Field(2.5e-4, gt=0, le=1.0)
+    adam_eps: float = Field(1e-8, gt=0)
+    gamma: float = Field(0.99, ge=0, le=1)
+    buffer_size: int = Field(10_000, ge=1, le=100_000_000)
+    """Replay capacity in transitions (at least ``batch_size``)."""
+    batch_size: int = Field(128, ge=1, le=1_000_000)
+    learning_starts: int = Field(10_000, ge=0)
+    """Agent steps collected before the first update (updates also wait for ``batch_size`` transitions)."""
+    train_frequency: int = Field(1, ge=1, le=100_000)
+    """Vector-env steps between update phases."""
+    gradient_steps: int = Field(1, ge=1, le=10_000)
+    """Optimiser steps per update phase."""
+    target_update_interval: int = Field(500, ge=1)
+    """Optimiser steps between target-network updates."""
+    tau: float = Field(1.0, gt=0, le=1)
+    """Target update: 1.0 copies the online network (hard update); < 1 is Polyak averaging."""
+    start_epsilon: float = Field(1.0, ge=0, le=1)
+    end_epsilon: float = Field(0.05, ge=0, le=1)
+    exploration_steps: int = Field(50_000, ge=1)
+    """Agent steps over which epsilon decays linearly from ``start_epsilon`` to ``end_epsilon``."""
+    double_q: bool = False
+    """Double Q-learning: the online network picks the next action, the target network values it."""
+    n_step: int = Field(1, ge=1, le=1000)
+    """n-step returns (outcome-changing): 1 = one-step TD targets; n > 1 = the chunked n-step writer."""
+    prioritized_replay: bool = False
+    """Proportional prioritized replay (Schaul et al. 2016; outcome-changing); false = uniform."""
+    per_alpha: float = Field(0.6, ge=0, le=1)
+    """Priority exponent: P(i) ~ p_i ** alpha."""
+    per_beta: float = Field(0.4, ge=0, le=1)
+    """Initial importance-sampling exponent, annealed linearly to 1 over ``per_beta_steps``."""
+    per_beta_steps: int = Field(100_000, ge=1)
+    per_eps: float = Field(1e-6, gt=0)
+    """Added to |TD error| so that no transition has priority zero."""
+    log_interval: int = Field(1_000, ge=1)
+    """Agent steps per ``iterate()``: statistics are flushed (one host sync with sync_free_logging)
+    and non-finite updates checked once per interval. Does not change the algorithm."""
+
+
+class DQNConfig(ValueConfig):
+    """DQN (Mnih et al. 2015): Huber TD loss, target network, epsilon-greedy acting."""
+
+
+class IQNConfig(ValueConfig):
+    """IQN (Dabney et al. 2018): quantile function of the return, sampled fractions tau."""
+
+    num_tau_samples: int = Field(64, ge=1, le=4096)
+    """N: fractions sampled for the online network's quantiles in the loss."""
+    num_tau_prime_samples: int = Field(64, ge=1, le=4096)
+    """N': fractions sampled for the target quantiles in the loss."""
+    num_quantile_samples: int = Field(32, ge=1, le=4096)
+    """K: fractions averaged into Q-values for acting and next-action selection (risk-neutral)."""
+    quantile_embedding_dim: int = Field(64, ge=1, le=4096)
+    """Cosine features of tau: cos(pi * i * tau) for i = 0..dim-1."""
+    kappa: float = Field(1.0, gt=0)
+    """Huber threshold of the quantile Huber loss."""
+
+
 class OptimizationsConfig(_Section):
     """Training-speed flags; each default is the plain path."""
 
@@ -125,6 +186,9 @@ class OptimizationsConfig(_Section):
     torch_threads: Union[Annotated[int, Field(ge=1, le=1024)], Auto, None] = None
     """Intra-op CPU threads while this trainer runs; None = torch's default (all cores).
     Small models spend more on thread hand-off than they gain from it."""
+    replay: Literal["list", "tensor", "auto"] = "list"
+    """DQN/IQN replay storage. list: a Python list of numpy transitions, converted per sampled
+    minibatch (plain); tensor: preallocated device tensors, batched insert, device-side gather."""
 
 
 class StabilityConfig(_Section):
@@ -149,12 +213,16 @@ class RunConfig(_Section):
 class TrainConfig(_Section):
     """The whole configuration of one training run."""
 
-    algo: Literal["ppo"] = "ppo"
+    algo: Literal["ppo", "dqn", "iqn"] = "ppo"
+    """Which trainer runs; it reads its own section (``ppo``, ``dqn`` or ``iqn``). The other
+    algorithms' sections are validated but ignored, and left out of the recorded config."""
     seed: int = Field(1, ge=0, le=2**31 - 1)
     device: str = "auto"
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    dqn: DQNConfig = Field(default_factory=DQNConfig)
+    iqn: IQNConfig = Field(default_factory=IQNConfig)
     optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
     stability: StabilityConfig = Field(default_factory=StabilityConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -176,7 +244,8 @@ class TrainConfig(_Section):
         return value
 
 
-_SECTIONS = ("env", "model", "ppo", "optimizations", "stability", "run")
+ALGORITHM_SECTIONS = ("ppo", "dqn", "iqn")
+_SECTIONS = ("env", "model", *ALGORITHM_SECTIONS, "optimizations", "stability", "run")
 
 # --------------------------------------------------------------------------- errors
 
@@ -348,5 +417,10 @@ def load_config(path: Path, overrides: list[str] | None = None) -> TrainConfig:
 
 
 def to_plain_dict(config: BaseModel) -> dict[str, Any]:
-    """The config as plain YAML/JSON-ready data."""
-    return config.model_dump(mode="json")
+    """The config as plain YAML/JSON-ready data; a ``TrainConfig`` keeps only its own algorithm's section."""
+    data = config.model_dump(mode="json")
+    if isinstance(config, TrainConfig):
+        for name in ALGORITHM_SECTIONS:
+            if name != config.algo:
+                data.pop(name)
+    return data

@@ -143,6 +143,16 @@ def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1
     return VectorizationChoice("native", why)
 
 
+def single_action_space(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Space:
+    """The action space of one ``env_id`` env (built once, then closed)."""
+    check_env_id(env_id)
+    env = gym.make(env_id, **(env_kwargs or {}))
+    try:
+        return env.action_space
+    finally:
+        env.close()
+
+
 class ActionRepeat(gym.Wrapper):
     """Repeat each action ``k`` times, summing rewards and stopping early at termination or truncation.
 

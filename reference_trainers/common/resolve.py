@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import gymnasium as gym
 import torch
 
 from . import device as dev
 from .config import ConfigError, TrainConfig
-from .envs import EnvConfigError, check_env_id, resolve_vectorization
+from .envs import EnvConfigError, check_env_id, resolve_vectorization, single_action_space
+
+VALUE_BASED = ("dqn", "iqn")
 
 
 @dataclass
@@ -115,11 +118,42 @@ def resolve_config(config: TrainConfig) -> Resolution:
         if o.compile_train_step:
             raise ConfigError("optimizations.cuda_graphs: choose one of cuda_graphs and compile_train_step for the update")
 
-    ppo = resolved.ppo
-    batch = resolved.env.num_envs * ppo.num_steps
+    if resolved.algo in VALUE_BASED:
+        _resolve_value_based(resolved, reasons)
+    else:
+        _resolve_ppo(resolved, reasons)
+    return Resolution(resolved, device, reasons)
+
+
+def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
+    ppo, o = config.ppo, config.optimizations
+    batch = config.env.num_envs * ppo.num_steps
     if batch % ppo.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide the batch env.num_envs*ppo.num_steps={batch}")
-    return Resolution(resolved, device, reasons)
+    if o.replay == "tensor":
+        raise ConfigError("optimizations.replay: 'tensor' has no effect for algo 'ppo' (it keeps no replay buffer); accepted for ppo: list or auto")
+    if o.replay == "auto":
+        o.replay = _pick(reasons, "optimizations.replay", "list", "ppo keeps no replay buffer")
+
+
+def _resolve_value_based(config: TrainConfig, reasons: dict[str, str]) -> None:
+    """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
+    algo, o = config.algo, config.optimizations
+    hp = getattr(config, algo)
+    if o.replay == "auto":
+        o.replay = _pick(reasons, "optimizations.replay", "tensor",
+                         "preallocated device tensors: batched inserts, no per-sample conversion")
+    if hp.buffer_size < hp.batch_size:
+        raise ConfigError(f"{algo}.buffer_size: {hp.buffer_size} is smaller than {algo}.batch_size={hp.batch_size}; "
+                          f"accepted: an integer >= {hp.batch_size}")
+    try:
+        space = single_action_space(config.env.id, config.env.kwargs)
+    except Exception as exc:  # the env could not be built with these kwargs
+        raise ConfigError(f"env.kwargs: gymnasium.make({config.env.id!r}, **{config.env.kwargs!r}) failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(space, gym.spaces.Discrete):
+        raise ConfigError(f"env.id: {algo} needs a Discrete action space, {config.env.id!r} has {space}; "
+                          "accepted: an env with discrete actions (e.g. CartPole-v1, Acrobot-v1), or algo: ppo")
 
 
 def amp_dtype(config: TrainConfig) -> torch.dtype:
@@ -145,4 +179,6 @@ def optimisation_summary(config: TrainConfig) -> str:
         f"cuda_graphs={onoff(o.cuda_graphs)}",
         f"threads={o.torch_threads or 'default'}",
     ]
+    if config.algo in VALUE_BASED:
+        parts.append(f"replay={o.replay}")
     return "Optimisations: " + " ".join(parts)

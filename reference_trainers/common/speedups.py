@@ -64,8 +64,9 @@ class HostToDevice:
     """Copy float32 host arrays to the training device.
 
     Plain path: ``torch.as_tensor(x).to(device)`` (pageable memory, blocking copy).
-    ``pinned=True`` stages through a reused page-locked buffer per name (CUDA only);
-    ``non_blocking=True`` issues the copy asynchronously. Arrays are made float32 on the
+    ``pinned=True`` stages through a reused, grow-only page-locked buffer per name (CUDA
+    only); ``non_blocking=True`` issues the copy asynchronously, and the next copy through
+    the same buffer first waits for it (a CUDA event), so staging is never overwritten early. Arrays are made float32 on the
     host first, so no float64 tensor is ever created (MPS has none).
     """
 
@@ -74,16 +75,26 @@ class HostToDevice:
         self.pinned = pinned
         self.non_blocking = non_blocking
         self._staging: dict[str, torch.Tensor] = {}
+        self._copied: dict[str, torch.cuda.Event] = {}
 
     def __call__(self, array: np.ndarray, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         host = torch.from_numpy(np.ascontiguousarray(array, dtype=_NUMPY[dtype]))
-        if self.pinned:
-            buffer = self._staging.get(name)
-            if buffer is None or buffer.shape != host.shape:
-                buffer = self._staging[name] = torch.empty(host.shape, dtype=dtype, pin_memory=True)
-            buffer.copy_(host)
-            host = buffer
-        return host.to(self.device, non_blocking=self.non_blocking)
+        if not self.pinned:
+            return host.to(self.device, non_blocking=self.non_blocking)
+        # one grow-only staging buffer per name (replay inserts vary in size from step to step)
+        buffer = self._staging.get(name)
+        if buffer is None or buffer.numel() < host.numel() or buffer.dtype != dtype:
+            buffer = self._staging[name] = torch.empty(max(host.numel(), 1), dtype=dtype, pin_memory=True)
+        previous = self._copied.pop(name, None)
+        if previous is not None:
+            previous.synchronize()  # an asynchronous copy may still be reading the staging buffer
+        staged = buffer[:host.numel()].view(host.shape)
+        staged.copy_(host)
+        out = staged.to(self.device, non_blocking=self.non_blocking)
+        if self.non_blocking and self.device.type == "cuda":
+            self._copied[name] = torch.cuda.Event()
+            self._copied[name].record()
+        return out
 
 
 _NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_, torch.uint8: np.uint8}

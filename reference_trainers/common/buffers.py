@@ -1,0 +1,165 @@
+"""Replay storage for the value-based trainers: one ``ReplayBuffer`` interface, composed of
+a storage (where transitions live) and a sampler (which ones a minibatch gets).
+
+storage  ``ListStorage``   plain: a Python list of numpy transitions, minibatches gathered
+                           sample by sample and copied to the device per field
+         ``TensorStorage`` preallocated device tensors, one host->device copy per insert,
+                           device-side gather
+sampler  ``UniformSampler``      ``torch.randint`` with the buffer's own generator
+         ``PrioritizedSampler``  proportional PER (``per.py``)
+
+Both storages return identical minibatches for the same sampler state (the ``replay``
+flag is in the exact parity class): guarded by tests/test_buffers.py.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+from .nstep import TransitionBatch
+from .per import PrioritizedSampler
+from .speedups import HostToDevice
+
+
+class Sample(NamedTuple):
+    """A minibatch on the training device. ``weights`` are importance weights (PER) or None."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_obs: torch.Tensor
+    bootstrap: torch.Tensor
+    weights: torch.Tensor | None
+    indices: torch.Tensor
+
+
+class Transition(NamedTuple):
+    """One stored transition of the list storage."""
+
+    obs: np.ndarray
+    action: int
+    reward: float
+    next_obs: np.ndarray
+    bootstrap: float
+
+
+class ListStorage:
+    """Plain path: a Python list of ``Transition``s; a minibatch is gathered sample by sample,
+    stacked per field on the host and copied to the device field by field."""
+
+    def __init__(self, capacity: int, to_device: HostToDevice) -> None:
+        self.capacity = capacity
+        self.to_device = to_device
+        self.items: list[Transition] = []
+
+    def write(self, start: int, batch: TransitionBatch) -> None:
+        for i, row in enumerate(zip(*batch)):
+            position = (start + i) % self.capacity
+            item = Transition(row[0], int(row[1]), float(row[2]), row[3], float(row[4]))
+            if position == len(self.items):
+                self.items.append(item)
+            else:
+                self.items[position] = item
+
+    def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rows = [self.items[i] for i in indices.tolist()]
+        obs = np.stack([r.obs for r in rows])
+        actions = np.array([r.action for r in rows], dtype=np.int64)
+        rewards = np.array([r.reward for r in rows], dtype=np.float32)
+        next_obs = np.stack([r.next_obs for r in rows])
+        bootstrap = np.array([r.bootstrap for r in rows], dtype=np.float32)
+        put = self.to_device
+        return (put(obs, "replay_obs"), put(actions, "replay_actions", torch.int64), put(rewards, "replay_rewards"),
+                put(next_obs, "replay_next_obs"), put(bootstrap, "replay_bootstrap"))
+
+
+class TensorStorage:
+    """Optimised path: one preallocated float32 tensor on the device, a row per transition
+    (``obs | next_obs | reward | bootstrap | action``). An insert packs a step's transitions
+    into one host array, copies it once (pinned / non_blocking when those flags are on) and
+    writes it with at most two slice copies; a minibatch is one device gather."""
+
+    def __init__(self, capacity: int, obs_dim: int, device: torch.device, to_device: HostToDevice) -> None:
+        self.capacity, self.obs_dim = capacity, obs_dim
+        self.to_device = to_device
+        self.rows = torch.zeros(capacity, 2 * obs_dim + 3, dtype=torch.float32, device=device)
+
+    def write(self, start: int, batch: TransitionBatch) -> None:
+        # actions travel as float32: exact for any action index below 2**24
+        packed = np.concatenate([batch.obs, batch.next_obs, batch.rewards[:, None], batch.bootstrap[:, None],
+                                 batch.actions[:, None].astype(np.float32)], axis=1)
+        rows = self.to_device(packed, "replay_insert")
+        first = min(len(batch), self.capacity - start)
+        self.rows[start:start + first] = rows[:first]
+        if first < len(batch):
+            self.rows[:len(batch) - first] = rows[first:]
+
+    def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rows, d = self.rows[indices], self.obs_dim
+        return (rows[:, :d], rows[:, 2 * d + 2].long(), rows[:, 2 * d], rows[:, d:2 * d], rows[:, 2 * d + 1])
+
+
+class UniformSampler:
+    """Uniform minibatches: ``torch.randint`` over the filled part, with its own generator."""
+
+    def __init__(self, device: torch.device, generator: torch.Generator) -> None:
+        self.device, self.generator = device, generator
+
+    def added(self, start: int, count: int) -> None:
+        """New transitions need no bookkeeping."""
+
+    def sample(self, size: int, batch_size: int, beta: float) -> tuple[torch.Tensor, None]:
+        return torch.randint(size, (batch_size,), generator=self.generator, device=self.device), None
+
+    def update(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
+        """Uniform sampling keeps no priorities."""
+
+
+class Storage(Protocol):
+    def write(self, start: int, batch: TransitionBatch) -> None: ...
+    def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
+
+class ReplayBuffer:
+    """A ring of ``capacity`` transitions: ``add`` a step's batch, ``sample`` a minibatch,
+    ``update_priorities`` after the update (a no-op for uniform sampling)."""
+
+    def __init__(self, storage: Storage, sampler: UniformSampler | PrioritizedSampler, capacity: int) -> None:
+        self.storage, self.sampler, self.capacity = storage, sampler, capacity
+        self.position = 0
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, batch: TransitionBatch) -> None:
+        if len(batch) > self.capacity:  # only the newest rows would survive anyway
+            batch = TransitionBatch(*(field[-self.capacity:] for field in batch))
+        count = len(batch)
+        if count == 0:
+            return
+        self.storage.write(self.position, batch)
+        self.sampler.added(self.position, count)
+        self.position = (self.position + count) % self.capacity
+        self.size = min(self.size + count, self.capacity)
+
+    def sample(self, batch_size: int, beta: float = 1.0) -> Sample:
+        indices, weights = self.sampler.sample(self.size, batch_size, beta)
+        return Sample(*self.storage.gather(indices), weights, indices)
+
+    def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
+        self.sampler.update(indices, errors)
+
+
+def make_replay(kind: str, capacity: int, obs_dim: int, device: torch.device, to_device: HostToDevice,
+                generator: torch.Generator, prioritized: bool = False, alpha: float = 0.6, eps: float = 1e-6
+                ) -> ReplayBuffer:
+    """``replay: list|tensor`` picks the storage, ``prioritized_replay`` the sampler."""
+    storage: Storage = (TensorStorage(capacity, obs_dim, device, to_device) if kind == "tensor"
+                        else ListStorage(capacity, to_device))
+    sampler = (PrioritizedSampler(capacity, alpha, eps, device, generator) if prioritized
+               else UniformSampler(device, generator))
+    return ReplayBuffer(storage, sampler, capacity)

@@ -1,0 +1,168 @@
+"""The update half of every trainer: one optimiser step with every update-side flag.
+
+``Learner`` owns the Adam optimiser (``optimizer_impl``; capturable with a tensor learning
+rate under ``cuda_graphs``), the GradScaler (float16 AMP), the training statistics
+(``sync_free_logging``), gradient clipping (``stability.max_grad_norm``) and the NaN/Inf
+policy (``stability.nan_policy``). A trainer hands it a loss closure and calls ``step`` per
+minibatch; the closure is compiled (``compile_train_step``) or captured in a CUDA graph
+(``cuda_graphs``) here, once for PPO, DQN and IQN alike. The model-side flag
+(``compile_model``) and the process-wide settings (precision, threads) live here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import device as dev
+from .config import OptimizationsConfig, TrainConfig
+from .resolve import amp_dtype
+from .speedups import CompiledOrEager, CudaGraphedStep, make_adam
+from .stats import make_stats
+
+log = logging.getLogger("rlgauge")
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""``loss(*batch) -> (scalar loss, stats)``: 0-d stats are logged; other tensors (e.g.
+per-sample TD errors for replay priorities) are handed back to the caller of ``step``."""
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN/Inf under ``stability.nan_policy: raise``."""
+
+
+def apply_process_settings(optimizations: OptimizationsConfig) -> None:
+    """Apply a trainer's process-wide settings (matmul precision, TF32, intra-op threads).
+
+    Global state: trainers call this at the start of each iteration, so two trainers in one
+    process (baseline and optimised, interleaved) each run with their own settings.
+    """
+    dev.apply_precision(optimizations.matmul_precision, optimizations.tf32)
+    dev.apply_threads(optimizations.torch_threads)
+
+
+def maybe_compile(model: nn.Module, optimizations: OptimizationsConfig, name: str = "model"
+                  ) -> nn.Module | CompiledOrEager:
+    """``compile_model``: ``torch.compile(model, mode=compile_mode)`` with a logged eager fallback."""
+    if optimizations.compile_model:
+        return CompiledOrEager(model, name, mode=optimizations.compile_mode)
+    return model
+
+
+def fell_back(*callables: object) -> bool:
+    """True if any of these compiled callables fell back to eager (recorded as ``compile_fallback``)."""
+    return any(isinstance(f, CompiledOrEager) and f.fell_back for f in callables)
+
+
+class Learner:
+    """Optimiser steps on ``model``'s parameters from a loss closure, with every update-side flag.
+
+    Plain path: eager closure, for-loop Adam, float32, ``.item()`` per logged value. Each flag
+    swaps one piece (see the module docstring). Guarded by tests/test_learner.py and, through
+    the trainers, tests/test_ppo.py, tests/test_value_based.py.
+    """
+
+    def __init__(self, model: nn.Module, loss: LossFn, config: TrainConfig, device: torch.device,
+                 learning_rate: float, adam_eps: float) -> None:
+        o = config.optimizations
+        self.model, self.loss, self.device = model, loss, device
+        self.nan_policy = config.stability.nan_policy
+        self.max_grad_norm = config.stability.max_grad_norm
+        self.amp, self.amp_dtype = bool(o.amp), amp_dtype(config)
+        self.scaler = dev.grad_scaler(device, enabled=self.amp and self.amp_dtype == torch.float16)
+        lr: float | torch.Tensor = learning_rate
+        if o.cuda_graphs:
+            lr = torch.tensor(lr, dtype=torch.float32, device=device)
+        self.optimizer = make_adam(model.parameters(), lr, adam_eps, o.optimizer_impl, capturable=bool(o.cuda_graphs))
+        self.stats = make_stats(o.sync_free_logging, device)
+        self.cuda_graphs = bool(o.cuda_graphs)
+        self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
+            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True) if o.compile_train_step
+            else self._loss_and_grads)
+        self.graphed: CudaGraphedStep | None = None
+        self.nonfinite_events = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast context for forward passes (a no-op when AMP is off)."""
+        return dev.autocast(self.device, self.amp, self.amp_dtype)
+
+    # ----------------------------------------------------------------- one step
+    def _loss_and_grads(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, stats = self.loss(*batch)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        params = list(self.model.parameters())
+        if self.max_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        return loss.detach(), stats, grad_norm
+
+    def _graphed_step(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Loss, grads and the optimiser step in one function, for CUDA graph capture."""
+        loss, stats, grad_norm = self._loss_and_grads(*batch)
+        self.optimizer.step()
+        return loss, stats, grad_norm
+
+    def step(self, *batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step on ``batch``; logs the 0-d stats and returns all of them."""
+        if self.cuda_graphs:
+            if self.graphed is None:
+                self.graphed = CudaGraphedStep(self._graphed_step, self.model, self.optimizer, tuple(batch))
+            loss, stats, grad_norm = self.graphed(*batch)
+            self._finite_ok(loss, grad_norm)
+        else:
+            loss, stats, grad_norm = self.loss_and_grads(*batch)
+            if self._finite_ok(loss, grad_norm):
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+        for name, value in stats.items():
+            if value.ndim == 0:
+                self.stats.add(name, value)
+        return stats
+
+    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Apply ``stability.nan_policy``; True if the optimiser step should run.
+
+        ``skip_update`` decides per update (one host sync); ``raise``/``warn`` record the
+        flag in the statistics, checked by ``flush`` at the end of the iteration (no extra
+        sync). With float16 AMP, gradient overflow is the GradScaler's business: only the
+        loss counts.
+        """
+        finite = torch.isfinite(loss) if self.scaler.is_enabled() else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        if self.nan_policy == "skip_update":
+            if not bool(finite):
+                self.nonfinite_events += 1
+                log.warning("non-finite loss or gradient: update skipped (stability.nan_policy=skip_update)")
+                return False
+            return True
+        self.stats.add("nonfinite", (~finite).float())
+        return True
+
+    # ----------------------------------------------------------------- between steps
+    def set_learning_rate(self, lr: float) -> None:
+        """Set every parameter group's learning rate (in place for a tensor lr, so graphs see it)."""
+        for group in self.optimizer.param_groups:
+            if torch.is_tensor(group["lr"]):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def flush(self, updates: int, iteration: int) -> dict[str, float]:
+        """Means of the logged stats since the last flush; counts non-finite updates and applies
+        ``nan_policy`` (``raise``: ``NonFiniteError``; ``warn``: one warning per iteration)."""
+        means = self.stats.flush()
+        events = round(means.pop("nonfinite", 0.0) * updates)
+        if events:
+            self.nonfinite_events += events
+            message = f"{events} update(s) with a non-finite loss or gradient in iteration {iteration}"
+            if self.nan_policy == "raise":
+                raise NonFiniteError(message + " (stability.nan_policy=raise)")
+            log.warning("%s (stability.nan_policy=warn)", message)
+        return means

@@ -1,0 +1,58 @@
+"""What every trainer exposes to the harness, and how a trainer runs on its own.
+
+A trainer is built as ``Trainer(config, probe=None, resolution=None)`` and offers
+``iterate() -> IterationResult``, ``select_actions(obs)``, ``activate()``,
+``mean_recent_return()``, ``compile_fallback``, ``nonfinite_events``, ``next_obs``,
+``env_steps``, ``last_stats`` and ``close()``. ``harness.runner`` uses nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import ConfigError, TrainConfig, build_config, read_yaml
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    """What one ``iterate()`` did: sub-env frames, agent decisions and optimiser steps."""
+
+    env_steps: int
+    agent_steps: int
+    updates: int
+
+
+def train_from_command_line(trainer_cls: Callable[[TrainConfig], Any], loss_key: str, argv: list[str] | None,
+                            prog: str, description: str | None, algo: str = "ppo") -> int:
+    """``python -m reference_trainers.<algo> --config FILE [--steps N] [--set KEY=VALUE]...``: train, print progress.
+
+    The config's ``algo`` defaults to this module's; a config naming another algorithm is an
+    error (exit 2, one line on stderr), as is any invalid setting.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=50_000, help="env steps to train for")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        data = read_yaml(args.config)
+        data.setdefault("algo", algo)
+        config = build_config(data, args.overrides)
+        if config.algo != algo:
+            raise ConfigError(f"algo: {config.algo!r} cannot run under {prog}; accepted: {algo!r} (or no algo key)")
+        trainer = trainer_cls(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        while trainer.env_steps < args.steps:
+            trainer.iterate()
+            print(f"env_steps={trainer.env_steps} episodes={trainer.tracker.completed} "
+                  f"mean_return={trainer.mean_recent_return()} loss={trainer.last_stats.get(loss_key)}")
+    finally:
+        trainer.close()
+    return 0

@@ -1,0 +1,231 @@
+"""The loop shared by the value-based trainers (DQN, IQN).
+
+Epsilon-greedy acting; each vector-env step's transitions go through a 1- or n-step writer
+into replay; every ``train_frequency`` vector steps (once ``learning_starts`` agent steps are
+collected) ``gradient_steps`` minibatches are sampled and handed to the shared ``Learner``;
+the target network follows every ``target_update_interval`` optimiser steps. An algorithm
+(``dqn.py``, ``iqn.py``) supplies its network, its greedy Q-values and its loss.
+
+Autoreset is gymnasium's NEXT_STEP on every backend: the step after an episode ends returns
+the reset observation, is not a transition and is never written to replay.
+Phases: replay inserts and minibatch sampling count as ``transfer`` (they move transitions
+to the device), the optimiser step and the target update as ``update``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from .buffers import Sample, make_replay
+from .config import TrainConfig, ValueConfig
+from .envs import EpisodeTracker, frames_in_step, make_vector_env
+from .learner import Learner, apply_process_settings, fell_back, maybe_compile
+from .nstep import make_writer
+from .probe import NullProbe, Probe
+from .resolve import Resolution, resolve_config
+from .speedups import HostToDevice
+from .trainer import IterationResult
+
+
+def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> float:
+    """Epsilon decayed linearly from ``start`` to ``end`` over ``steps`` agent steps, then held."""
+    return start + min(1.0, agent_steps / steps) * (end - start)
+
+
+class ValueTrainer:
+    """Build envs, online and target networks, learner, replay and writer; ``iterate()`` runs
+    ``log_interval`` agent steps with their updates. Subclasses define ``algo``,
+    ``build_network``, ``q_values``, ``train_batch`` and ``loss``."""
+
+    algo = ""
+
+    def __init__(self, config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> None:
+        res = resolution or resolve_config(config)
+        self.config, self.device, self.reasons = res.config, res.device, res.reasons
+        self.probe: Probe = probe or NullProbe()
+        c, o = self.config, self.config.optimizations
+        self.hp: ValueConfig = getattr(c, self.algo)
+        torch.manual_seed(c.seed)
+        generator = lambda offset: torch.Generator(device=self.device).manual_seed(c.seed + offset)  # noqa: E731
+        self.explore_generator = generator(0)  # epsilon draws
+        self.action_generator = generator(1)   # random actions
+        self.tau_generator = generator(2)      # IQN: fractions for acting
+        self.update_generator = generator(3)   # IQN: fractions for the loss
+
+        self.envs = make_vector_env(c.env.id, c.env.num_envs, c.env.vectorization,
+                                    action_repeat=c.env.action_repeat, env_kwargs=c.env.kwargs)
+        obs, _ = self.envs.reset(seed=c.seed)
+        self.envs.action_space.seed(c.seed)
+        self.num_envs = c.env.num_envs
+        self.next_obs = obs
+        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        self.num_actions = int(self.envs.single_action_space.n)
+        self.model = self.build_network(self.obs_dim, self.num_actions).to(self.device)
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+
+        # optimisations, each picking one path
+        self.forward = maybe_compile(self.model, o)
+        self.target_forward = maybe_compile(self.target, o, "target_model")
+        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
+        self.learner = Learner(self.model, self.loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps)
+        self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
+                                  generator(4), self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps)
+        self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, (self.obs_dim,))
+        self.act = self._act_batched if o.batch_inference else self._act_per_env
+
+        self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
+        self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
+        self.env_steps = self.agent_steps = self.vector_steps = self.updates = self.iterations = 0
+        self.last_stats: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- the algorithm's part
+    def build_network(self, obs_dim: int, num_actions: int) -> nn.Module:
+        raise NotImplementedError
+
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values (rows, actions) for acting; called under no_grad and autocast."""
+        raise NotImplementedError
+
+    def train_batch(self, sample: Sample) -> tuple[torch.Tensor, ...]:
+        """The tensors ``loss`` takes for one minibatch."""
+        raise NotImplementedError
+
+    def loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Scalar loss and stats; ``stats['priority']`` (per sample) feeds prioritized replay."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- acting
+    def epsilon(self) -> float:
+        hp = self.hp
+        return linear_epsilon(self.agent_steps, hp.start_epsilon, hp.end_epsilon, hp.exploration_steps)
+
+    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), self.learner.autocast():
+            return self.q_values(obs).float().argmax(-1)
+
+    def _explore(self, greedy: torch.Tensor, epsilon: float) -> torch.Tensor:
+        """Epsilon-greedy on the device: a ``torch.rand`` mask picks ``torch.randint`` actions."""
+        rows = greedy.shape[0]
+        explore = torch.rand(rows, generator=self.explore_generator, device=self.device) < epsilon
+        random = torch.randint(self.num_actions, (rows,), generator=self.action_generator, device=self.device)
+        return torch.where(explore, random, greedy)
+
+    def _act_per_env(self, obs: np.ndarray) -> np.ndarray:
+        """Plain path: per sub-env, a forward, an epsilon-greedy choice and a host copy of the action."""
+        probe, epsilon, actions = self.probe, self.epsilon(), []
+        for i in range(self.num_envs):
+            with probe.phase("transfer"):
+                obs_i = self.to_device(obs[i:i + 1].reshape(1, -1), "obs_row")
+            with probe.phase("inference"):
+                actions.append(self._explore(self._greedy(obs_i), epsilon).cpu().numpy()[0])
+        return np.array(actions, dtype=np.int64)
+
+    def _act_batched(self, obs: np.ndarray) -> np.ndarray:
+        """Optimised path: one host->device copy, batched forward (chunked), one host copy of the actions."""
+        with self.probe.phase("transfer"):
+            obs_t = self.to_device(obs.reshape(self.num_envs, -1), "obs")
+        with self.probe.phase("inference"):
+            chunk = self.config.optimizations.inference_batch_size or self.num_envs
+            if chunk >= self.num_envs:
+                greedy = self._greedy(obs_t)
+            else:
+                greedy = torch.cat([self._greedy(obs_t[s:s + chunk]) for s in range(0, self.num_envs, chunk)])
+            return self._explore(greedy, self.epsilon()).cpu().numpy()
+
+    def select_actions(self, obs: np.ndarray) -> np.ndarray:
+        """One epsilon-greedy action selection for ``num_envs`` observations (host in, host out)."""
+        return self.act(obs)
+
+    # ----------------------------------------------------------------- collect
+    def _env_step(self) -> int:
+        """One vector-env step; its transitions go to replay. Returns the frames it took."""
+        probe, n = self.probe, self.num_envs
+        obs = self.next_obs
+        actions = self.act(obs)
+        with probe.phase("env"):
+            self.next_obs, reward, terminated, truncated, info = self.envs.step(actions)
+        with probe.phase("transfer"):
+            batch = self.writer.push(obs.reshape(n, -1), actions, reward, self.next_obs.reshape(n, -1),
+                                     terminated, truncated, ~self.episode_over)
+            self.replay.add(batch)
+        with probe.phase("logging"):
+            frames = frames_in_step(info, n)
+            self.tracker.update(reward, terminated, truncated)
+            self.episode_over = terminated | truncated
+        self.vector_steps += 1
+        self.agent_steps += n
+        self.env_steps += frames
+        return frames
+
+    # ----------------------------------------------------------------- update
+    def _updates_due(self) -> int:
+        hp = self.hp
+        if self.vector_steps % hp.train_frequency or self.agent_steps < hp.learning_starts:
+            return 0
+        return hp.gradient_steps if len(self.replay) >= hp.batch_size else 0
+
+    def _beta(self) -> float:
+        hp = self.hp
+        return hp.per_beta + min(1.0, self.agent_steps / hp.per_beta_steps) * (1.0 - hp.per_beta)
+
+    def _update_once(self) -> None:
+        hp = self.hp
+        with self.probe.phase("transfer"):
+            sample = self.replay.sample(hp.batch_size, self._beta())
+        with self.probe.phase("update"):
+            stats = self.learner.step(*self.train_batch(sample))
+            if hp.prioritized_replay:
+                self.replay.update_priorities(sample.indices, stats["priority"])
+            self.updates += 1
+            if self.updates % hp.target_update_interval == 0:
+                self.update_target()
+
+    def update_target(self) -> None:
+        """Hard copy (``tau: 1``) or Polyak averaging of the online into the target network, in place."""
+        tau = self.hp.tau
+        with torch.no_grad():
+            for target, online in zip(self.target.parameters(), self.model.parameters()):
+                if tau == 1.0:
+                    target.copy_(online)
+                else:
+                    target.lerp_(online, tau)
+
+    # ----------------------------------------------------------------- loop
+    def iterate(self) -> IterationResult:
+        """``log_interval`` agent steps with the updates they are due; returns what it did."""
+        self.activate()
+        frames = decisions = updates = 0
+        while decisions < self.hp.log_interval:
+            frames += self._env_step()
+            decisions += self.num_envs
+            due = self._updates_due()
+            for _ in range(due):
+                self._update_once()
+            updates += due
+        with self.probe.phase("logging"):
+            self.last_stats = self.learner.flush(updates, self.iterations + 1)
+            self.last_stats["epsilon"] = self.epsilon()
+        self.iterations += 1
+        return IterationResult(frames, decisions, updates)
+
+    def activate(self) -> None:
+        """Apply this trainer's process-wide settings (precision, threads) before it runs."""
+        apply_process_settings(self.config.optimizations)
+
+    @property
+    def nonfinite_events(self) -> int:
+        return self.learner.nonfinite_events
+
+    @property
+    def compile_fallback(self) -> bool:
+        return fell_back(self.forward, self.target_forward, self.learner.loss_and_grads)
+
+    def mean_recent_return(self) -> float | None:
+        return self.tracker.mean_recent()
+
+    def close(self) -> None:
+        self.envs.close()
