@@ -1,7 +1,7 @@
 """The ``rlgauge`` command: a parser, a dispatch table, and one short ``cmd_*`` per subcommand.
 
-Exit codes: 0 success, 1 a check failed (an unstable or failed run), 2 bad input (one line
-on stderr, no traceback), 130 interrupted (partial result written, marked).
+Exit codes: 0 success, 1 a check failed (an unstable or failed run, a failed gate check),
+2 bad input (one line on stderr, no traceback), 130 interrupted (partial result written, marked).
 """
 
 from __future__ import annotations
@@ -188,10 +188,8 @@ def _warn_if_not_comparable(pair: Pair) -> None:
         print(f"rlgauge: note: {pair.label}: configs differ in {shown}", file=sys.stderr)
 
 
-def cmd_gate(args: argparse.Namespace) -> int:
-    from .gate import checks_table, failed, gate_files, gate_variants, load_thresholds
-    from .runner import resolve_specs
-
+def _gate_files_mode(args: argparse.Namespace) -> bool:
+    """True for ``--baseline/--candidate``, False for ``--run``; ``UserError`` for a mix of the two."""
     files_mode = args.baseline is not None or args.candidate is not None
     if files_mode == (args.run is not None):
         raise UserError("gate needs either --baseline A.json --candidate B.json, or --run PRESET (not both)")
@@ -205,6 +203,14 @@ def cmd_gate(args: argparse.Namespace) -> int:
             raise UserError(f"gate: {run_only[0]} applies to --run only, not to --baseline/--candidate")
     elif args.max_slowdown is not None:
         raise UserError("gate: --max-slowdown applies to --baseline/--candidate; with --run use --min-speedup")
+    return files_mode
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from .gate import checks_table, failed, gate_files, gate_variants, load_thresholds
+    from .runner import resolve_specs
+
+    files_mode = _gate_files_mode(args)
     thresholds = load_thresholds(args.thresholds).with_overrides(
         max_slowdown_pct=args.max_slowdown, min_speedup=args.min_speedup, confidence=args.confidence,
         allow_compile_fallback=args.allow_compile_fallback)

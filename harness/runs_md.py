@@ -33,7 +33,8 @@ rows are never rewritten. Columns:
 
 - `date`: when the run started (UTC); `milestone`: the name given to `record`.
 - `commit`: the measured code (short hash; `+dirty` when it had uncommitted changes).
-- `machine`: CPU, cores and torch build; `device`: what the run trained on.
+- `machine`: CPU, cores, torch build and the intra-op threads the run used; `device`: what it
+  trained on.
 - `preset`, `variant`: what ran (`baseline`: every plain path; `optimized`: the preset's best
   settings for the device; a config file's runs carry its name and `config`).
 - `env_steps_per_sec`: environment frames per second of the timed loop, median [min-max] over
@@ -78,7 +79,8 @@ def _machine(run: RunResult) -> str:
     m = run.machine
     cpu = re.sub(r"\((R|TM|tm|r)\)", "", str(m.get("cpu", "?")))
     cpu = re.sub(r"\s+(CPU|Processor)\b", "", cpu)
-    return f"{' '.join(cpu.split())}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}"
+    threads = f", {m['torch_threads']} thread{'s' * (m['torch_threads'] != 1)}" if m.get("torch_threads") else ""
+    return f"{' '.join(cpu.split())}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}{threads}"
 
 
 def _device(run: RunResult) -> str:

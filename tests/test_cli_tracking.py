@@ -209,6 +209,12 @@ def _broken_runs_md(tmp: Path) -> Path:
     return path
 
 
+def _plain_config(tmp: Path) -> Path:
+    path = tmp / "mine.yaml"
+    path.write_text("env: {id: CartPole-v1}\n", encoding="utf-8")
+    return path
+
+
 def _acrobot(tmp: Path) -> Path:
     return write_results(tmp / "acrobot.json", make_result("baseline", preset="ppo-acrobot"),
                          make_result("optimized", preset="ppo-acrobot"))
@@ -241,6 +247,7 @@ BAD: dict[str, tuple[Callable[[Path, dict[str, Path]], list[Any]], str]] = {
     "gate: unknown preset": (lambda t, f: ["gate", "--run", "ppo-cartpol"], "did you mean 'ppo-cartpole'"),
     "gate: negative min-speedup": (lambda t, f: ["gate", "--run", "ppo-cartpole", "--min-speedup", "-1"],
                                    "--min-speedup"),
+    "gate: config file without variants": (lambda t, f: ["gate", "--run", _plain_config(t)], "needs a preset"),
     "gate: bad --set": (lambda t, f: ["gate", "--run", "ppo-cartpole", "--set", "env.num_envs=0"], "env.num_envs"),
     "gate: broken thresholds": (lambda t, f: ["gate", "--baseline", f["base"], "--candidate", f["same"],
                                               "--thresholds", _corrupt(t)], "malformed YAML"),

@@ -135,6 +135,18 @@ def test_speedup_below_the_minimum_fails_when_every_round_says_so() -> None:
     assert failed(gate_variants(runs, Thresholds(min_speedup=1.5))[0]) == []
 
 
+def test_speedup_is_judged_by_the_median_round_so_disturbed_rounds_do_not_decide() -> None:
+    base = TIGHT + [1000.0, 1000.0]
+    fast_but_two = [2.5 * b for b in base[:-2]] + [1.0 * b for b in base[-2:]]  # two rounds hit by load
+    runs = [make_result("baseline", base), make_result("optimized", fast_but_two)]
+    (speedup,) = _by_check(gate_variants(runs, Thresholds(min_speedup=2.0))[0], "speedup")
+    assert speedup.passed is True and speedup.note == "the interval reaches below the minimum"
+    slow_but_two = [1.8 * b for b in base[:-2]] + [3.0 * b for b in base[-2:]]
+    runs = [make_result("baseline", base), make_result("optimized", slow_but_two)]
+    (speedup,) = _by_check(gate_variants(runs, Thresholds(min_speedup=2.0))[0], "speedup")
+    assert speedup.passed is False and speedup.note == "the interval reaches above the minimum"
+
+
 def test_speedup_uses_paired_rounds_so_shared_drift_does_not_blur_it() -> None:
     drift = [1000.0, 400.0, 1000.0, 300.0, 1000.0]
     runs = [make_result("baseline", drift), make_result("optimized", _scaled(1.8, drift))]

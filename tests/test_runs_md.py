@@ -42,6 +42,9 @@ def test_a_row_has_every_column_in_order() -> None:
     assert values["date"] == "2026-01-02 03:04" and values["milestone"] == "v0.1"
     assert values["commit"] == "abcdef0123+dirty"
     assert values["machine"] == "Intel Xeon, 2 cores, torch 2.13.0+cpu"
+    threaded = make_result()
+    threaded.machine["torch_threads"] = 1
+    assert cells(format_rows("m", [[threaded]])[0])[COLUMNS.index("machine")].endswith("torch 2.13.0+cpu, 1 thread")
     assert (values["preset"], values["variant"], values["device"]) == ("ppo-cartpole", "optimized", "cpu")
     assert values["env_steps_per_sec"] == "1,000 [900-1,100]"
     assert values["speedup"] == "-"  # no baseline recorded with it
