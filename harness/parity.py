@@ -41,6 +41,7 @@ FLAG_CLASSES: dict[str, str] = {
     "optimizations.batch_inference": EXACT,
     "optimizations.inference_batch_size": EXACT,
     "optimizations.sync_free_logging": EXACT,
+    "optimizations.replay": EXACT,
     "optimizations.pinned_memory": EXACT,
     "optimizations.non_blocking": EXACT,
     "optimizations.cuda_graphs": EXACT,

@@ -17,7 +17,7 @@ PROPERTY_NUM_ENVS = 3
 
 
 @st.composite
-def optimisation_combos(draw: st.DrawFn, *, device: str = "cpu",
+def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cpu",
                         classes: tuple[str, ...] = (EXACT, FP_REORDER, REDUCED_PRECISION),
                         compile_flags: bool = False) -> dict[str, Any]:
     """Draw a set of non-plain flag values from the given parity classes."""
@@ -38,6 +38,8 @@ def optimisation_combos(draw: st.DrawFn, *, device: str = "cpu",
             maybe("optimizations.inference_batch_size", st.none() | st.integers(1, PROPERTY_NUM_ENVS))
         if draw(st.booleans()):
             combo["optimizations.sync_free_logging"] = True
+        if algo in ("dqn", "iqn") and draw(st.booleans()):
+            combo["optimizations.replay"] = "tensor"
         if on_cuda:
             if draw(st.booleans()):
                 combo["optimizations.pinned_memory"] = True

@@ -16,14 +16,27 @@ from reference_trainers.common.config import build_config
 from reference_trainers.common.resolve import resolve_config
 from strategies import PROPERTY_NUM_ENVS
 
-TINY_PPO = [
-    "algo=ppo", "env.id=CartPole-v1", f"env.num_envs={PROPERTY_NUM_ENVS}", "env.vectorization=serial",
-    "ppo.num_steps=8", "ppo.num_minibatches=2", "ppo.update_epochs=1", "model.hidden_sizes=[16,16]",
-]
+_COMMON = ["env.id=CartPole-v1", f"env.num_envs={PROPERTY_NUM_ENVS}", "env.vectorization=serial",
+           "model.hidden_sizes=[16,16]"]
+_VALUE = ["buffer_size=64", "batch_size=8", "learning_starts=12", "train_frequency=1", "gradient_steps=1",
+          "target_update_interval=2", "exploration_steps=30", "log_interval=24"]
+TINY: dict[str, list[str]] = {
+    "ppo": ["algo=ppo", *_COMMON, "ppo.num_steps=8", "ppo.num_minibatches=2", "ppo.update_epochs=1"],
+    "dqn": ["algo=dqn", *_COMMON, *(f"dqn.{kv}" for kv in _VALUE)],
+    "iqn": ["algo=iqn", *_COMMON, *(f"iqn.{kv}" for kv in _VALUE), "iqn.num_tau_samples=8",
+            "iqn.num_tau_prime_samples=8", "iqn.num_quantile_samples=4", "iqn.quantile_embedding_dim=16"],
+}
+"""Per algorithm, a configuration that makes a few optimiser updates per ``iterate()``."""
+ALGOS = tuple(TINY)
 ITERATIONS = 2
-"""Exact and fp-reorder classes compare after 2 iterations x 2 minibatch updates."""
-ONE_UPDATE = ["ppo.num_minibatches=1"]
-"""Reduced precision compares after exactly one optimiser update."""
+"""Exact and fp-reorder classes compare after 2 iterations (PPO: 2 x 2 minibatch updates;
+DQN/IQN: 24 agent steps each, updates from the 12th on)."""
+ONE_UPDATE: dict[str, list[str]] = {
+    "ppo": ["ppo.num_minibatches=1"],
+    "dqn": ["dqn.learning_starts=22", "dqn.log_interval=24"],
+    "iqn": ["iqn.learning_starts=22", "iqn.log_interval=24"],
+}
+"""Reduced precision compares after exactly one optimiser update (one iteration)."""
 
 
 @dataclass
@@ -38,10 +51,10 @@ class Outcome:
 
 
 def train(overrides: list[str], *, seed: int, device: str = "cpu", iterations: int = ITERATIONS,
-          watch_float64: bool = True) -> Outcome:
+          watch_float64: bool = True, algo: str = "ppo") -> Outcome:
     """Build and run a trainer (under the float64 sentinel unless told otherwise: a dispatch
     mode makes ``torch.compile`` run eagerly, so compiled numerics are checked without it)."""
-    config = build_config({}, TINY_PPO + overrides + [f"seed={seed}", f"device={device}"])
+    config = build_config({}, TINY[algo] + overrides + [f"seed={seed}", f"device={device}"])
     saved = dev.process_settings()
     sentinel = Float64Sentinel()
     trainer = None
@@ -62,9 +75,10 @@ def train(overrides: list[str], *, seed: int, device: str = "cpu", iterations: i
 
 
 @functools.lru_cache(maxsize=64)
-def reference(seed: int, device: str = "cpu", one_update: bool = False) -> Outcome:
+def reference(seed: int, device: str = "cpu", one_update: bool = False, algo: str = "ppo") -> Outcome:
     """The all-plain run for a seed (cached: hypothesis reuses seeds)."""
-    return train(ONE_UPDATE if one_update else [], seed=seed, device=device, iterations=1 if one_update else ITERATIONS)
+    return train(ONE_UPDATE[algo] if one_update else [], seed=seed, device=device,
+                 iterations=1 if one_update else ITERATIONS, algo=algo)
 
 
 def assert_parity(candidate: Outcome, ref: Outcome, parity_class: str) -> None:
@@ -76,7 +90,8 @@ def assert_parity(candidate: Outcome, ref: Outcome, parity_class: str) -> None:
                                    msg=lambda m, name=name: f"{parity_class} parity broken for {name}: {m}")
     # Losses are means of terms of order one that largely cancel (normalised advantages sum
     # to zero), so their round-off is relative to the terms' scale, not to the mean.
-    keys = ("value_loss", "entropy") if parity_class == REDUCED_PRECISION else tuple(ref.stats)
+    keys = tuple(k for k in ("value_loss", "entropy", "loss") if k in ref.stats) if parity_class == REDUCED_PRECISION \
+        else tuple(ref.stats)
     for key in keys:
         got, want = candidate.stats[key], ref.stats[key]
         assert abs(got - want) <= tol.rtol * max(abs(want), 1.0) + tol.atol, f"{parity_class}: {key} {got} vs {want}"

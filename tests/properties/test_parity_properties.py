@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION, combined_class
-from parity_runs import ONE_UPDATE, assert_clean, assert_parity, reference, train
+from parity_runs import ALGOS, ONE_UPDATE, assert_clean, assert_parity, reference, train
 from strategies import as_overrides, optimisation_combos, parity_settings
 
 SEEDS = st.integers(min_value=0, max_value=3)
@@ -19,31 +19,34 @@ DEVICES = [
 ]
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), seed=SEEDS)
-def test_exact_flags_match_the_plain_reference(device: str, data: st.DataObject, seed: int) -> None:
-    combo = data.draw(optimisation_combos(device=device, classes=(EXACT,)))
-    outcome = train(as_overrides(combo), seed=seed, device=device)
+def test_exact_flags_match_the_plain_reference(algo: str, device: str, data: st.DataObject, seed: int) -> None:
+    combo = data.draw(optimisation_combos(algo=algo, device=device, classes=(EXACT,)))
+    outcome = train(as_overrides(combo), seed=seed, device=device, algo=algo)
     assert_clean(outcome)
-    assert_parity(outcome, reference(seed, device), EXACT)
+    assert_parity(outcome, reference(seed, device, algo=algo), EXACT)
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), seed=SEEDS)
-def test_fp_reorder_flags_stay_within_reassociation_error(device: str, data: st.DataObject, seed: int) -> None:
-    combo = data.draw(optimisation_combos(device=device, classes=(EXACT, FP_REORDER)))
-    outcome = train(as_overrides(combo), seed=seed, device=device)
+def test_fp_reorder_flags_stay_within_reassociation_error(algo: str, device: str, data: st.DataObject, seed: int) -> None:
+    combo = data.draw(optimisation_combos(algo=algo, device=device, classes=(EXACT, FP_REORDER)))
+    outcome = train(as_overrides(combo), seed=seed, device=device, algo=algo)
     assert_clean(outcome)
-    assert_parity(outcome, reference(seed, device), combined_class(parity_settings(combo)))
+    assert_parity(outcome, reference(seed, device, algo=algo), combined_class(parity_settings(combo)))
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), seed=SEEDS)
-def test_reduced_precision_stays_finite_and_close_after_one_update(device: str, data: st.DataObject, seed: int) -> None:
-    combo = data.draw(optimisation_combos(device=device, classes=(EXACT, FP_REORDER, REDUCED_PRECISION)))
-    outcome = train(as_overrides(combo) + ONE_UPDATE, seed=seed, device=device, iterations=1)
+def test_reduced_precision_stays_finite_and_close_after_one_update(algo: str, device: str, data: st.DataObject, seed: int) -> None:
+    combo = data.draw(optimisation_combos(algo=algo, device=device, classes=(EXACT, FP_REORDER, REDUCED_PRECISION)))
+    outcome = train(as_overrides(combo) + ONE_UPDATE[algo], seed=seed, device=device, iterations=1, algo=algo)
     assert_clean(outcome)
-    assert_parity(outcome, reference(seed, device, one_update=True), combined_class(parity_settings(combo)))
+    assert_parity(outcome, reference(seed, device, one_update=True, algo=algo), combined_class(parity_settings(combo)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
