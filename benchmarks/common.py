@@ -4,10 +4,8 @@ Inputs here are only ever appended to. Changing an existing one (a seed, a step 
 shape) changes what its benchmark measures and silently breaks the history asv has for it;
 add a new name instead.
 
-Adding a trainer's presets is one line: append them to ``PRESETS`` (DQN / IQN: ``"dqn-cartpole"``,
-``"iqn-cartpole"``, with a ``RUN_STEPS`` entry). Replay-buffer rates (list vs tensor insert /
-sample) belong in ``bench_replay.py`` with ``params = (REPLAY_KINDS, DEVICES)``, written once the
-replay buffers exist.
+Adding a trainer's presets is one line: append them to ``PRESETS`` with a ``RUN_STEPS`` entry.
+Replay buffers are measured on their own in ``bench_replay.py`` (``REPLAY_*`` below).
 """
 
 from __future__ import annotations
@@ -23,16 +21,23 @@ from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
 from reference_trainers.common.resolve import resolve_config
 
-PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum"]
+PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum", "dqn-cartpole", "iqn-cartpole"]
 VARIANTS = ["baseline", "optimized"]
 DEVICES = ["cpu", "cuda", "mps"]
 PARAMS = (PRESETS, VARIANTS, DEVICES)
 PARAM_NAMES = ["preset", "variant", "device"]
 
-RUN_STEPS = {"ppo-cartpole": 2048, "ppo-acrobot": 2048, "ppo-pendulum": 2048}
+RUN_STEPS = {"ppo-cartpole": 2048, "ppo-acrobot": 2048, "ppo-pendulum": 2048, "dqn-cartpole": 2048,
+             "iqn-cartpole": 2048}
 """Timed env steps per repeat of the throughput runs (a multiple of each preset's rollout size)."""
 THROUGHPUT_REPEATS = 5
 WARMUP_STEPS = 1024
+REPLAY_KINDS = ["list", "tensor"]
+REPLAY_CAPACITIES = [10_000, 100_000]
+REPLAY_OBS_DIM = 4
+REPLAY_ROWS_PER_INSERT = 16
+"""One vector-env step of the DQN/IQN presets' 16 envs."""
+REPLAY_BATCH_SIZE = 256
 OBS_SEED = 12345
 OBS_WARM_STEPS = 50
 """Observations for latency benchmarks: reset with OBS_SEED, then OBS_WARM_STEPS random steps."""

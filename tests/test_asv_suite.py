@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench_inference, bench_memory, bench_throughput, common
+from benchmarks import bench_inference, bench_memory, bench_replay, bench_throughput, common
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ASV_FACTOR = "1.3"  # the factor of the Makefile's asv-continuous and of .github/workflows/benchmarks.yml
@@ -55,6 +55,25 @@ def test_an_absent_device_is_skipped_with_not_implemented(cls: type, monkeypatch
     for device in ("cuda", "mps"):
         with pytest.raises(NotImplementedError, match=device):
             bench.setup(*args, "ppo-cartpole", "optimized", device)
+
+
+def test_replay_benchmarks_span_kind_capacity_device_and_skip_absent_devices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert bench_replay.Replay.param_names == ["kind", "capacity", "device"]
+    assert bench_replay.Replay.params[0] == ["list", "tensor"]
+    monkeypatch.setattr(common, "available", lambda device: device == "cpu")
+    with pytest.raises(NotImplementedError, match="cuda"):
+        bench_replay.Replay().setup("tensor", 10_000, "cuda")
+
+
+@pytest.mark.parametrize("kind", ["list", "tensor"])
+def test_replay_benchmark_inserts_into_and_samples_from_a_full_buffer(kind: str) -> None:
+    bench = bench_replay.Replay()
+    bench.setup(kind, 10_000, "cpu")
+    assert len(bench.buffer) == 10_000
+    bench.time_insert_vector_step(kind, 10_000, "cpu")
+    bench.time_sample_minibatch(kind, 10_000, "cpu")
+    assert len(bench.buffer) == 10_000  # full: an insert overwrites the oldest
 
 
 def test_device_memory_is_skipped_on_cpu_which_has_none() -> None:
@@ -150,7 +169,7 @@ def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(t
     _copy_project(repo)
     common_py = repo / "benchmarks" / "common.py"
     text = common_py.read_text(encoding="utf-8")
-    full = 'PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum"]'
+    full = 'PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum", "dqn-cartpole", "iqn-cartpole"]'
     assert full in text, "benchmarks/common.py's PRESETS line changed: update this test"
     common_py.write_text(text.replace(full, 'PRESETS = ["ppo-cartpole"]'), encoding="utf-8")
     _git("init", "-q", "-b", "main", cwd=repo)
