@@ -158,8 +158,10 @@ def _copy_project(dest: Path) -> None:
 def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(tmp_path: Path) -> None:
     """Three commits: base, an identical one, one whose trainer iterations take twice as long.
 
-    Only CartPole is measured (the copy's PRESETS is cut down) to keep the two virtualenv
-    builds and runs to a few minutes; the benchmark and the factor are the ones CI uses.
+    Only CartPole is measured (the copy's PRESETS is cut down) to keep the virtualenv builds
+    and runs to a few minutes, with 15 short repeats instead of 5 so that the best-of-N twin
+    holds while other tests load the machine (pytest -n auto); the benchmark and the factor
+    are the ones CI uses.
     """
     if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
         pytest.skip("needs the project's git checkout")
@@ -171,7 +173,10 @@ def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(t
     text = common_py.read_text(encoding="utf-8")
     full = 'PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum", "dqn-cartpole", "iqn-cartpole"]'
     assert full in text, "benchmarks/common.py's PRESETS line changed: update this test"
-    common_py.write_text(text.replace(full, 'PRESETS = ["ppo-cartpole"]'), encoding="utf-8")
+    repeats = "THROUGHPUT_REPEATS = 5"
+    assert repeats in text, "benchmarks/common.py's THROUGHPUT_REPEATS line changed: update this test"
+    common_py.write_text(text.replace(full, 'PRESETS = ["ppo-cartpole"]').replace(repeats, "THROUGHPUT_REPEATS = 15"),
+                         encoding="utf-8")
     _git("init", "-q", "-b", "main", cwd=repo)
     _git("add", "-A", cwd=repo)
     _git("commit", "-q", "-m", "base", cwd=repo)
@@ -190,7 +195,7 @@ def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(t
     assert "PERFORMANCE DECREASED" in slowed.stdout
     worse = [line for line in slowed.stdout.splitlines() if line.startswith("| +") and "cartpole" in line]
     assert len(worse) == 2, slowed.stdout  # both variants
-    assert all(float(line.split("|")[4]) > 1.5 for line in worse)
+    assert all(float(line.split("|")[4]) > float(ASV_FACTOR) for line in worse)
 
     same = _asv("continuous", *bench, "HEAD~2", "HEAD~1", cwd=repo, env=env)
     assert same.returncode == 0, same.stdout + same.stderr
