@@ -39,8 +39,11 @@ $(STAMP): pyproject.toml Makefile
 bench: install
 	$(BIN)/rlgauge run ppo-cartpole
 
+# Tests marked `serial` measure absolute speed (asv across commits): they run first, alone,
+# then everything else in parallel (its summary closes the log).
 test: install
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -m serial
+	$(BIN)/python -m pytest -n auto -m "not serial"
 
 test-fast: install
 	$(BIN)/python -m pytest -n auto -m "not slow"

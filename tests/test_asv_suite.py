@@ -155,6 +155,7 @@ def _copy_project(dest: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # two asv runs compared by absolute time: a parallel test on the other core skews one
 def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(tmp_path: Path) -> None:
     """Three commits: base, an identical one, one whose trainer iterations take twice as long.
 
