@@ -14,6 +14,7 @@ to the device), the optimiser step and the target update as ``update``.
 
 from __future__ import annotations
 
+import abc
 import copy
 
 import numpy as np
@@ -36,7 +37,7 @@ def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> fl
     return start + min(1.0, agent_steps / steps) * (end - start)
 
 
-class ValueTrainer:
+class ValueTrainer(abc.ABC):
     """Build envs, online and target networks, learner, replay and writer; ``iterate()`` runs
     ``log_interval`` agent steps with their updates. Subclasses define ``algo``,
     ``build_network``, ``q_values``, ``train_batch`` and ``loss``."""
@@ -83,20 +84,21 @@ class ValueTrainer:
         self.last_stats: dict[str, float] = {}
 
     # ----------------------------------------------------------------- the algorithm's part
+    @abc.abstractmethod
     def build_network(self, obs_dim: int, num_actions: int) -> nn.Module:
-        raise NotImplementedError
+        """The online network; the target network is a copy of it."""
 
+    @abc.abstractmethod
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values (rows, actions) for acting; called under no_grad and autocast."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def train_batch(self, sample: Sample) -> tuple[torch.Tensor, ...]:
         """The tensors ``loss`` takes for one minibatch."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss and stats; ``stats['priority']`` (per sample) feeds prioritized replay."""
-        raise NotImplementedError
 
     # ----------------------------------------------------------------- acting
     def epsilon(self) -> float:
