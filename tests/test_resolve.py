@@ -12,7 +12,7 @@ import torch
 
 import reference_trainers.common.device as dev
 from reference_trainers.common.config import ConfigError, TrainConfig, build_config
-from reference_trainers.common.resolve import Resolution, amp_dtype, optimisation_summary, resolve_config
+from reference_trainers.common.resolve import Resolution, amp_dtype, optimisation_summary, resolve_config, update_rows
 
 AUTO_FLAGS = [
     "amp", "amp_dtype", "matmul_precision", "tf32", "compile_model", "compile_train_step",
@@ -96,6 +96,23 @@ def test_torch_threads_auto_is_one_for_small_mlps_and_default_for_large(sizes: s
     result = resolve("optimizations.torch_threads=auto", f"model.hidden_sizes={sizes}")
     assert result.config.optimizations.torch_threads == threads
     assert "optimizations.torch_threads" in result.reasons
+
+
+@pytest.mark.parametrize(("algo", "overrides", "rows", "threads"), [
+    ("ppo", [], 128 * 4 // 4, 1),
+    ("dqn", ["dqn.batch_size=512"], 512, 1),
+    ("iqn", ["iqn.batch_size=32", "iqn.num_tau_samples=64"], 2048, None),   # the iqn-cartpole update
+    ("iqn", ["iqn.batch_size=8", "iqn.num_tau_samples=8"], 64, 1),
+])
+def test_torch_threads_auto_counts_the_rows_of_an_update(algo: str, overrides: list[str], rows: int,
+                                                         threads: int | None) -> None:
+    """IQN pushes batch x N fractions through the network: a small MLP, but a large update."""
+    base = ["env.num_envs=4", "ppo.num_steps=128", "ppo.num_minibatches=4"] if algo == "ppo" else []
+    config = build_config({}, ["device=cpu", f"algo={algo}", *base, *overrides])
+    assert update_rows(config) == rows
+    result = resolve(f"algo={algo}", *base, *overrides, "optimizations.torch_threads=auto")
+    assert result.config.optimizations.torch_threads == threads
+    assert f"{rows}x64" in result.reasons["optimizations.torch_threads"]
 
 
 @pytest.mark.parametrize(("env_id", "mode"), [("CartPole-v1", "native"), ("Acrobot-v1", "sync")])
