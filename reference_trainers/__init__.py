@@ -11,9 +11,9 @@ def build_trainer(resolution: Resolution, probe: Probe | None = None):  # noqa: 
     """The trainer for ``resolution.config.algo``, built from an already resolved config."""
     from .dqn import DQNTrainer
     from .iqn import IQNTrainer
-    from .ppo import PPOTrainer
+    from .ppo import ppo_trainer
 
-    trainers = {"ppo": PPOTrainer, "dqn": DQNTrainer, "iqn": IQNTrainer}
+    trainers = {"ppo": ppo_trainer, "dqn": DQNTrainer, "iqn": IQNTrainer}
     return trainers[resolution.config.algo](resolution.config, probe=probe, resolution=resolution)
 
 

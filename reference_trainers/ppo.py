@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from .common.config import TrainConfig
+from .common.config import ConfigError, TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, make_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic
@@ -28,7 +30,7 @@ from .common.trainer import IterationResult, train_from_command_line
 
 LOG_2PI = math.log(2 * math.pi)
 
-__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "ppo_loss"]
+__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "ppo_loss", "ppo_trainer"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -146,7 +148,7 @@ class PPOTrainer:
         self.next_obs = obs
         self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
         action_space = self.envs.single_action_space
-        self.model = ActorCritic(self.obs_dim, action_space, c.model).to(self.device)
+        self.model = self.build_model(action_space).to(self.device)
         self.discrete = self.model.discrete
         if not self.discrete:
             self.action_low = action_space.low.astype(np.float32)
@@ -163,6 +165,13 @@ class PPOTrainer:
         self._allocate_storage()
         self.env_steps = self.agent_steps = self.updates = self.iterations = 0
         self.last_stats: dict[str, float] = {}
+
+    def build_model(self, action_space: gym.Space) -> nn.Module:
+        """The feed-forward actor-critic (``recurrent_ppo.py`` builds a recurrent one)."""
+        if self.config.model.recurrent != "none":
+            raise ConfigError(f"model.recurrent: {self.config.model.recurrent!r} needs RecurrentPPOTrainer "
+                              "(reference_trainers.build_trainer picks it); PPOTrainer accepts: none")
+        return ActorCritic(self.obs_dim, action_space, self.config.model)
 
     # the update machinery lives in the shared Learner; these are its parts, by their old names
     optimizer = property(lambda self: self.learner.optimizer)
@@ -331,8 +340,16 @@ class PPOTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """Train PPO from a YAML config on its own (no harness): ``python -m reference_trainers.ppo``."""
-    return train_from_command_line(PPOTrainer, "policy_loss", argv, prog="python -m reference_trainers.ppo",
+    return train_from_command_line(ppo_trainer, "policy_loss", argv, prog="python -m reference_trainers.ppo",
                                    description=main.__doc__)
+
+
+def ppo_trainer(config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> PPOTrainer:
+    """``PPOTrainer``, or ``RecurrentPPOTrainer`` when ``model.recurrent`` is lstm or gru."""
+    if config.model.recurrent == "none":
+        return PPOTrainer(config, probe=probe, resolution=resolution)
+    from .recurrent_ppo import RecurrentPPOTrainer
+    return RecurrentPPOTrainer(config, probe=probe, resolution=resolution)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ class ModelConfig(_Section):
 
     hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
     activation: Literal["tanh", "relu"] = "tanh"
+    recurrent: Literal["none", "lstm", "gru"] = "none"
+    """PPO only: a recurrent core between the shared MLP encoder and the heads (memory for
+    partially observed tasks); ``none`` is the feed-forward actor-critic."""
+    recurrent_size: int = Field(default=128, ge=1, le=65536)
 
     @field_validator("hidden_sizes")
     @classmethod

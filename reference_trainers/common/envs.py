@@ -21,6 +21,10 @@ from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from . import partial_obs
+
+partial_obs.register()
+
 VECTORIZATION_MODES: tuple[str, ...] = ("serial", "sync", "async", "native")
 
 _ACCEPTED_REQUESTS = ("auto", *VECTORIZATION_MODES)

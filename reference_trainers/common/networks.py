@@ -100,3 +100,87 @@ class IQNNetwork(nn.Module):
         state = self.psi(obs)                                                        # (B, d)
         tau = torch.relu(self.phi(cosine_embedding(taus, self.embedding_dim)))      # (B, T, d)
         return self.f(state.unsqueeze(1) * tau)                                      # (B, T, A)
+
+
+class RecurrentCore(nn.Module):
+    """An MLP encoder then an LSTM or GRU cell; its state is one tensor (B, k, H): k = 2 for
+    the LSTM (hidden and cell), 1 for the GRU. The output of a step is the hidden row."""
+
+    def __init__(self, obs_dim: int, config: ModelConfig) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for size in config.hidden_sizes:
+            layers += [init_layer(nn.Linear(width, size)), _ACTIVATIONS[config.activation]()]
+            width = size
+        self.encoder = nn.Sequential(*layers)
+        self.kind, self.hidden = config.recurrent, config.recurrent_size
+        self.rows = 2 if self.kind == "lstm" else 1
+        self.cell = (nn.LSTMCell if self.kind == "lstm" else nn.GRUCell)(width, self.hidden)
+        for name, param in self.cell.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0.0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+
+    def step(self, features: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """One time step from encoded ``features``; the state is zeroed first where ``starts`` is 1."""
+        state = state * (1.0 - starts).view(-1, 1, 1).to(state.dtype)
+        if self.kind == "lstm":
+            h, c = self.cell(features, (state[:, 0].to(features.dtype), state[:, 1].to(features.dtype)))
+            return torch.stack([h, c], dim=1).float()
+        return self.cell(features, state[:, 0].to(features.dtype)).unsqueeze(1).float()
+
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """(T, B, d) observations -> hidden rows (T * B, H); the encoder runs once over all rows."""
+        steps, batch = obs.shape[:2]
+        features = self.encoder(obs.flatten(0, 1)).view(steps, batch, -1)
+        hidden = []
+        for t in range(steps):
+            state = self.step(features[t], state, starts[t])
+            hidden.append(state[:, 0])
+        return torch.stack(hidden).flatten(0, 1)
+
+
+class RecurrentActorCritic(nn.Module):
+    """Recurrent PPO: separate actor and critic cores (``RecurrentCore``), each with its head,
+    as the feed-forward ``ActorCritic`` keeps separate networks.
+
+    One call is one time step for a batch of sub-envs: ``forward(obs (B, d), state, starts (B,))
+    -> (actor output, value, new state)``; where ``starts`` is 1 the state is zeroed first (the
+    observation opens an episode). ``state`` is one tensor (B, 2, k, H): actor and critic, k
+    rows each (see ``RecurrentCore``). ``unroll`` replays a (T, B) sequence from its initial
+    state for truncated back-propagation through time.
+    """
+
+    def __init__(self, obs_dim: int, action_space: gym.Space, config: ModelConfig) -> None:
+        super().__init__()
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(f"env.id: action space {action_space} is not supported; accepted: Discrete, Box")
+        out_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.actor_core, self.critic_core = RecurrentCore(obs_dim, config), RecurrentCore(obs_dim, config)
+        self.actor = init_layer(nn.Linear(config.recurrent_size, out_dim), std=0.01)
+        self.critic = init_layer(nn.Linear(config.recurrent_size, 1), std=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.zeros(out_dim))
+
+    def initial_state(self, batch: int, device: torch.device) -> torch.Tensor:
+        """Zeros of shape (batch, 2, k, H)."""
+        core = self.actor_core
+        return torch.zeros(batch, 2, core.rows, core.hidden, device=device)
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        actor_state = self.actor_core.step(self.actor_core.encoder(obs), state[:, 0], starts)
+        critic_state = self.critic_core.step(self.critic_core.encoder(obs), state[:, 1], starts)
+        value = self.critic(critic_state[:, 0]).squeeze(-1)
+        return self.actor(actor_state[:, 0]), value, torch.stack([actor_state, critic_state], dim=1)
+
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, B, d) observations from ``state`` -> actor output (T, B, .) and values (T, B)."""
+        steps, batch = obs.shape[:2]
+        actor_out = self.actor(self.actor_core.unroll(obs, state[:, 0], starts))
+        values = self.critic(self.critic_core.unroll(obs, state[:, 1], starts))
+        return actor_out.view(steps, batch, -1), values.view(steps, batch)

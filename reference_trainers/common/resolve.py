@@ -121,6 +121,14 @@ def resolve_config(config: TrainConfig) -> Resolution:
         if o.compile_train_step:
             raise ConfigError("optimizations.cuda_graphs: choose one of cuda_graphs and compile_train_step for the update")
 
+    if resolved.model.recurrent != "none":
+        if resolved.algo != "ppo":
+            raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} is for algo ppo; accepted for "
+                              f"{resolved.algo}: none")
+        if o.cuda_graphs:
+            raise ConfigError(f"optimizations.cuda_graphs: true cannot capture the recurrent update (a Python loop "
+                              f"over time steps); accepted with model.recurrent {resolved.model.recurrent!r}: false or auto")
+
     if resolved.algo in VALUE_BASED:
         _resolve_value_based(resolved, reasons)
     else:
@@ -133,6 +141,9 @@ def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
     batch = config.env.num_envs * ppo.num_steps
     if batch % ppo.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide the batch env.num_envs*ppo.num_steps={batch}")
+    if config.model.recurrent != "none" and config.env.num_envs % ppo.num_minibatches:
+        raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide env.num_envs={config.env.num_envs}; "
+                          "recurrent PPO trains on minibatches of whole sub-env sequences, so accepted: a divisor of env.num_envs")
     if o.replay == "tensor":
         raise ConfigError("optimizations.replay: 'tensor' has no effect for algo 'ppo' (it keeps no replay buffer); accepted for ppo: list or auto")
     if o.replay == "auto":
