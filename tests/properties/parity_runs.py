@@ -25,8 +25,11 @@ TINY: dict[str, list[str]] = {
     "dqn": ["algo=dqn", *_COMMON, *(f"dqn.{kv}" for kv in _VALUE)],
     "iqn": ["algo=iqn", *_COMMON, *(f"iqn.{kv}" for kv in _VALUE), "iqn.num_tau_samples=8",
             "iqn.num_tau_prime_samples=8", "iqn.num_quantile_samples=4", "iqn.quantile_embedding_dim=16"],
+    "ppo-lstm": ["algo=ppo", *_COMMON, "model.recurrent=lstm", "model.recurrent_size=8", "ppo.num_steps=8",
+                 f"ppo.num_minibatches={PROPERTY_NUM_ENVS}", "ppo.update_epochs=1"],
 }
-"""Per algorithm, a configuration that makes a few optimiser updates per ``iterate()``."""
+"""Per algorithm (``ppo-lstm``: recurrent PPO), a configuration that makes a few optimiser
+updates per ``iterate()``."""
 ALGOS = tuple(TINY)
 ITERATIONS = 2
 """Exact and fp-reorder classes compare after 2 iterations (PPO: 2 x 2 minibatch updates;
@@ -35,6 +38,7 @@ ONE_UPDATE: dict[str, list[str]] = {
     "ppo": ["ppo.num_minibatches=1"],
     "dqn": ["dqn.learning_starts=22", "dqn.log_interval=24"],
     "iqn": ["iqn.learning_starts=22", "iqn.log_interval=24"],
+    "ppo-lstm": ["ppo.num_minibatches=1"],
 }
 """Reduced precision compares after exactly one optimiser update (one iteration)."""
 
