@@ -115,7 +115,7 @@ class RecurrentPPOTrainer(PPOTrainer):
                         starts: torch.Tensor, initial_state: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The PPO loss of a (T, M) block of M whole sub-env sequences, unrolled from their initial state."""
         with self.learner.autocast():
-            actor_out, new_value = self.model.unroll(obs, initial_state, starts)
+            actor_out, new_value, _ = self.model(obs, initial_state, starts)
         log_std = None if self.discrete else self.model.log_std
         flat = lambda x: x.flatten(0, 1)  # noqa: E731
         new_logprob, entropy = evaluate_actions(flat(actor_out), log_std, flat(actions))

@@ -149,8 +149,9 @@ class RecurrentActorCritic(nn.Module):
     One call is one time step for a batch of sub-envs: ``forward(obs (B, d), state, starts (B,))
     -> (actor output, value, new state)``; where ``starts`` is 1 the state is zeroed first (the
     observation opens an episode). ``state`` is one tensor (B, 2, k, H): actor and critic, k
-    rows each (see ``RecurrentCore``). ``unroll`` replays a (T, B) sequence from its initial
-    state for truncated back-propagation through time.
+    rows each (see ``RecurrentCore``). Given a (T, B, d) sequence and (T, B) starts, the call
+    is ``unroll``: it replays the sequence from its initial state for truncated
+    back-propagation through time (returning that initial state third).
     """
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: ModelConfig) -> None:
@@ -172,6 +173,9 @@ class RecurrentActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if obs.dim() == 3:  # a (T, B, d) sequence: the update's unroll, through the same call (DDP hooks in here)
+            actor_out, values = self.unroll(obs, state, starts)
+            return actor_out, values, state
         actor_state = self.actor_core.step(self.actor_core.encoder(obs), state[:, 0], starts)
         critic_state = self.critic_core.step(self.critic_core.encoder(obs), state[:, 1], starts)
         value = self.critic(critic_state[:, 0]).squeeze(-1)
