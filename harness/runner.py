@@ -95,7 +95,8 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
         except KeyboardInterrupt:
             interrupted = True
             for live in lives:
-                live.status = "interrupted"
+                if live.status == "ok":  # a variant that had failed keeps its failure
+                    live.status = "interrupted"
         finally:
             for live in lives:
                 if live.trainer is not None:
