@@ -16,7 +16,6 @@ import yaml
 from rich.console import Console
 
 from reference_trainers.common.config import ConfigError, to_plain_dict
-from reference_trainers.common.resolve import resolve_config
 
 from .errors import UserError
 from .interrupts import stop_on_signals
@@ -149,6 +148,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from reference_trainers.common.resolve import resolve_config
+
     documents = []
     for spec in specs_for(args.target, args.variant, _overrides(args)):
         resolution = resolve_config(spec.config)
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except (UserError, ConfigError) as exc:
-        print(f"rlgauge: error: {exc}", file=sys.stderr)
+        print(f"rlgauge: error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("rlgauge: interrupted", file=sys.stderr)

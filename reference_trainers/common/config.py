@@ -342,7 +342,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or exc
+        raise ConfigError(f"{path}: malformed YAML{where}: {' '.join(str(problem).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
