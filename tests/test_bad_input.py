@@ -243,6 +243,9 @@ CASES: dict[str, Case] = {
     "run: --out is a folder": (lambda w: ["run", PRESET, "--out", str(w.root)], "is a directory"),
     "run: --out below a file": (lambda w: ["run", PRESET, "--out", str(w.good / "r.json")], "is a file"),
     "gate: --out is a folder": (lambda w: ["gate", "--run", PRESET, "--out", str(w.root)], "is a directory"),
+    **({"run: --out where no file can be created": (lambda w: ["run", PRESET, "--out", "/proc/r.json"],
+                                                    "cannot create files in /proc")}
+       if Path("/proc/self").is_dir() else {}),
     # ----- arguments missing or mixed
     "compare: no files": (lambda w: ["compare"], "required"),
     "compare: three files": (lambda w: ["compare", str(w.good), str(w.good), str(w.good)], "one or two"),
