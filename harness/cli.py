@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="rlgauge: %(message)s")
     try:
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        with stop_on_signals():  # SIGTERM ends a command as Ctrl-C does: cleanly, exit code 130
+            return COMMANDS[args.command](args)
     except (UserError, ConfigError) as exc:
         print(f"rlgauge: error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         return EXIT_BAD_INPUT

@@ -4,7 +4,8 @@ Inside ``stop_on_signals()`` the first SIGINT or SIGTERM raises ``KeyboardInterr
 the program is (the runner turns it into ``interrupted`` results, closes the trainers and
 their env workers); any further signal, or any after ``hold()``, is noted and ignored until
 the block ends, so closing the workers and writing the result cannot be cut short. The
-previous handlers are restored on the way out.
+previous handlers are restored on the way out, so blocks nest: ``main()`` wraps every
+command (a SIGTERM ends any of them like Ctrl-C, exit code 130), a measurement wraps itself.
 """
 
 from __future__ import annotations

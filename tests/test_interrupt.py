@@ -95,3 +95,15 @@ def test_signals_after_hold_are_noted_not_raised(capsys: pytest.CaptureFixture[s
             time.sleep(0.01)
     assert stop.received == ["SIGINT", "SIGTERM"]
     assert "SIGTERM ignored" in capsys.readouterr().err
+
+
+def test_nested_blocks_restore_the_outer_handlers() -> None:
+    with stop_on_signals() as outer:
+        outer_handler = signal.getsignal(signal.SIGTERM)
+        with stop_on_signals() as inner:
+            inner.hold()
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10):
+                time.sleep(0.01)
+        assert signal.getsignal(signal.SIGTERM) == outer_handler
+        assert inner.received == ["SIGTERM"] and outer.received == []
