@@ -48,8 +48,9 @@ def stop_on_signals() -> Iterator[SignalStop]:
     if threading.current_thread() is not threading.main_thread():  # handlers can only be set from the main thread
         yield stop
         return
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig in STOP_SIGNALS:
+    # a signal ignored on purpose (SIGINT of a background job started with nohup or `&`) stays ignored
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+    for sig in previous:
         signal.signal(sig, stop.handle)
     try:
         yield stop

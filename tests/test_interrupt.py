@@ -27,7 +27,13 @@ def _start_run(out: Path) -> subprocess.Popen[str]:
     """``python -m harness run`` in its own session (so a signal can go to its whole process group)."""
     return subprocess.Popen([sys.executable, "-m", "harness", "run", "ppo-cartpole", *LONG_RUN, "--out", str(out)],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"}, start_new_session=True)
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"}, start_new_session=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default even if this test process ignores it (nohup, ``&``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_workers(proc: subprocess.Popen[str], count: int, timeout: float = 90) -> list[int]:
@@ -39,6 +45,13 @@ def _wait_for_workers(proc: subprocess.Popen[str], count: int, timeout: float = 
             return [c.pid for c in children]
         time.sleep(0.1)
     raise AssertionError("the env workers never started")
+
+
+def _wait_for_worker_cpu(pids: list[int], seconds: float, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids) < seconds:
+        assert time.monotonic() < deadline, "the env workers never got busy"
+        time.sleep(0.1)
 
 
 def _alive(pid: int) -> bool:
@@ -56,7 +69,7 @@ def test_a_signal_mid_run_exits_130_with_an_interrupted_result_and_no_process_le
     proc = _start_run(out)
     try:
         workers = _wait_for_workers(proc, NUM_ENVS)
-        time.sleep(3.0)  # well into the timed loop
+        _wait_for_worker_cpu(workers, seconds=0.5)  # thousands of env steps: well into the timed loop
         if to_group:
             os.killpg(proc.pid, sig)
         else:
@@ -89,11 +102,11 @@ def test_stop_on_signals_turns_the_first_sigterm_into_keyboard_interrupt_and_res
 def test_signals_after_hold_are_noted_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     with stop_on_signals() as stop:
         stop.hold()
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(10):
-            time.sleep(0.01)
-    assert stop.received == ["SIGINT", "SIGTERM"]
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10):
+                time.sleep(0.01)
+    assert stop.received == ["SIGTERM", "SIGTERM"]
     assert "SIGTERM ignored" in capsys.readouterr().err
 
 
@@ -107,3 +120,16 @@ def test_nested_blocks_restore_the_outer_handlers() -> None:
                 time.sleep(0.01)
         assert signal.getsignal(signal.SIGTERM) == outer_handler
         assert inner.received == ["SIGTERM"] and outer.received == []
+
+
+def test_a_signal_ignored_on_purpose_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_on_signals() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10):
+                time.sleep(0.01)
+        assert stop.received == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

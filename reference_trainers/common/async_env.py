@@ -65,7 +65,9 @@ class CheckedAsyncVectorEnv(gym.vector.AsyncVectorEnv):
 
     # ----------------------------------------------------------------- failures -> EnvWorkerError
     def _raise_if_errors(self, successes: Sequence[bool]) -> None:
-        """Collect every sub-env's error (without gymnasium's traceback logging), stop all workers, raise one line."""
+        """Collect every sub-env's error (without gymnasium's traceback logging), stop all workers, raise one line.
+
+        Replaces the hook gymnasium 1.x calls after every reset/step/call; test_env_faults.py guards it."""
         failed = len(successes) - sum(bool(s) for s in successes)
         if not failed:
             return
