@@ -1,5 +1,11 @@
 """``python -m harness`` = the ``rlgauge`` command."""
 
-from .cli import main
+import sys
+
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command is still loading
+    print("rlgauge: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

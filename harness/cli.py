@@ -16,9 +16,9 @@ import yaml
 from rich.console import Console
 
 from reference_trainers.common.config import ConfigError, to_plain_dict
-from reference_trainers.common.resolve import resolve_config
 
 from .errors import UserError
+from .interrupts import stop_on_signals
 from .presets import VARIANTS, list_presets, specs_for
 from .compare import Pair, comparison_table
 from .report import results_table
@@ -102,14 +102,20 @@ def _measure(specs: list, args: argparse.Namespace) -> tuple[list, bool]:
 
     say = (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
     show_progress = not args.quiet and sys.stderr.isatty()
-    results, interrupted = run_variants(specs, show_progress=show_progress, say=say)
-    _console().print(results_table(results))
-    if args.out is not None:
-        try:
-            save_results(args.out, results)
-        except OSError as exc:
-            raise UserError(f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from None
-        print(f"results written to {args.out}", file=sys.stderr)
+    with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: interrupted results, still written below
+        results, interrupted = run_variants(specs, show_progress=show_progress, say=say)
+        signals.hold()
+        if interrupted:
+            steps = ", ".join(f"{r.variant} {r.steps_completed:,}" for r in results)
+            cause = f" by {signals.received[0]}" if signals.received else ""
+            print(f"rlgauge: interrupted{cause} (timed env steps completed: {steps})", file=sys.stderr)
+        _console().print(results_table(results))
+        if args.out is not None:
+            try:
+                save_results(args.out, results)
+            except OSError as exc:
+                raise UserError(f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from None
+            print(f"results written to {args.out}" + (" (marked interrupted)" if interrupted else ""), file=sys.stderr)
     return results, interrupted
 
 
@@ -142,6 +148,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from reference_trainers.common.resolve import resolve_config
+
     documents = []
     for spec in specs_for(args.target, args.variant, _overrides(args)):
         resolution = resolve_config(spec.config)
@@ -267,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="rlgauge: %(message)s")
     try:
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        with stop_on_signals():  # SIGTERM ends a command as Ctrl-C does: cleanly, exit code 130
+            return COMMANDS[args.command](args)
     except (UserError, ConfigError) as exc:
-        print(f"rlgauge: error: {exc}", file=sys.stderr)
+        print(f"rlgauge: error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("rlgauge: interrupted", file=sys.stderr)

@@ -14,6 +14,8 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
+from reference_trainers.common.config import safe_load
+
 from .compare import RATE_METRICS, METRICS, Pair, Ratio, file_pairs, metric_ratio, variant_pairs
 from .errors import UserError
 from .results import RunResult
@@ -81,7 +83,7 @@ def load_thresholds(path: Path | None = None) -> Thresholds:
     """Read and validate a thresholds file (the shipped ``gates.yaml`` by default)."""
     path = Path(path) if path is not None else GATES_FILE
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"thresholds file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -89,7 +91,7 @@ def load_thresholds(path: Path | None = None) -> Thresholds:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserError(f"{path}: malformed YAML{where}") from None
+        raise UserError(f"{path}: malformed YAML{where}: {' '.join(str(getattr(exc, 'problem', None) or exc).split())}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of thresholds ({', '.join(_KEYS)})")
     unknown = sorted(set(data) - set(_KEYS))

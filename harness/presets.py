@@ -12,13 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainers.common.config import ConfigError, build_config, deep_merge, read_yaml
+from reference_trainers.common.config import ConfigError, TrainConfig, build_config, deep_merge, read_yaml
 
 from .errors import UserError
-from .runner import VariantSpec
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 VARIANTS = ("baseline", "optimized")
+
+
+@dataclass
+class VariantSpec:
+    """One thing to measure: a preset's variant (or a config file) and its config."""
+
+    preset: str
+    variant: str
+    config: TrainConfig
 
 
 @dataclass(frozen=True)

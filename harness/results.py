@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
 from .errors import UserError
 
@@ -36,7 +39,12 @@ class RunResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "result") -> "RunResult":
+    def from_dict(cls, data: Any, source: str = "result") -> "RunResult":
+        """A run read from JSON: ``UserError`` (one line naming ``source`` and the key) for a wrong shape.
+
+        Fields this version does not know are ignored (files from newer writers load); fields
+        added within schema version 1 (``resolution``, ``steps_completed``, ``error``) default.
+        """
         if not isinstance(data, dict):
             raise UserError(f"{source}: a run must be a JSON object")
         missing = [k for k in _REQUIRED if k not in data]
@@ -44,8 +52,89 @@ class RunResult:
             raise UserError(f"{source}: run is missing {', '.join(missing)}")
         if data["status"] not in STATUSES:
             raise UserError(f"{source}: status {data['status']!r} is not one of {', '.join(STATUSES)}")
+        try:
+            _RunShape.model_validate(data)
+        except ValidationError as exc:
+            raise UserError(f"{source}: {_shape_problem(exc)}") from None
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
+
+
+# --------------------------------------------------------------------------- the shape a reader relies on
+
+class _Open(BaseModel):
+    """A JSON object whose listed keys are checked; other keys (newer writers) are kept."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+
+Rate = Annotated[float, Field(gt=0)]
+Number = Union[StrictFloat, StrictInt]
+
+
+class _RateBlock(_Open):
+    median: Rate
+    min: Rate
+    max: Rate
+    samples: list[Rate] = Field(min_length=1)
+
+
+class _Latency(_Open):
+    p50: Number
+    p95: Number
+
+
+class _Metrics(_Open):
+    env_steps_per_sec: Optional[_RateBlock]
+    agent_steps_per_sec: Optional[_RateBlock]
+    updates_per_sec: Optional[_RateBlock]
+    inference_latency_ms: Optional[_Latency] = None
+    phase_seconds: Optional[dict[str, Number]] = None
+    peak_host_rss_mb: Optional[Number] = None
+    peak_device_mem_mb: Optional[Number] = None
+    device_utilization_pct: Optional[Number] = None
+    host_syncs_per_step: Optional[Number] = None
+    warmup_s: Optional[Number] = None
+    mean_return_last_k: Optional[Number] = None
+
+
+class _Stability(_Open):
+    float64_ops: Annotated[int, Field(ge=0)]
+    nonfinite_events: Annotated[int, Field(ge=0)]
+    compile_fallback: bool
+    passed: bool
+
+
+class _Git(_Open):
+    commit: Optional[str]
+    dirty: bool
+
+
+class _RunShape(_Open):
+    preset: str
+    variant: str
+    algo: str
+    started_at: str
+    git: _Git
+    machine: dict[str, Any]
+    config: dict[str, Any]
+    metrics: _Metrics
+    stability: _Stability
+    resolution: dict[str, str] = {}
+    steps_completed: Annotated[int, Field(ge=0)] = 0
+    error: Optional[str] = None
+
+
+def _shape_problem(exc: ValidationError) -> str:
+    """The first problem of a run's shape, as ``key.path: what was expected (got ...)``."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "run"
+    got = repr(error.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    message = re.sub(r"valid dictionary( or instance of \w+)?", "JSON object", error["msg"])
+    message = message[:1].lower() + message[1:]
+    more = len(exc.errors()) - 1
+    return f"{where}: {message} (got {got})" + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
 
 
 def save_results(path: Path, runs: list[RunResult]) -> None:

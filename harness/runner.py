@@ -16,26 +16,18 @@ import numpy as np
 
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
-from reference_trainers.common.config import TrainConfig, to_plain_dict
+from reference_trainers.common.config import to_plain_dict
 from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
 from reference_trainers.ppo import NonFiniteError
 
 from . import metrics
+from .presets import VariantSpec
 from .progress import RunProgress
 from .provenance import git_info, machine_info
 from .results import RunResult
 from .sentinels import Float64Sentinel, HostSyncCounter
 
 log = logging.getLogger("rlgauge")
-
-
-@dataclass
-class VariantSpec:
-    """One thing to measure: a preset's variant (or a config file) and its config."""
-
-    preset: str
-    variant: str
-    config: TrainConfig
 
 
 @dataclass
@@ -95,7 +87,8 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
         except KeyboardInterrupt:
             interrupted = True
             for live in lives:
-                live.status = "interrupted"
+                if live.status == "ok":  # a variant that had failed keeps its failure
+                    live.status = "interrupted"
         finally:
             for live in lives:
                 if live.trainer is not None:

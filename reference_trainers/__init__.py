@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .common.config import TrainConfig
 from .common.probe import Probe
-from .common.resolve import Resolution
+
+if TYPE_CHECKING:  # importing resolve imports torch: commands that need no trainer stay light
+    from .common.resolve import Resolution
 
 
 def build_trainer(resolution: Resolution, probe: Probe | None = None):  # noqa: ANN201 - a trainer

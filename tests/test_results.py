@@ -5,6 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,45 @@ def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path: P
         save_results(path, [make_run("optimized")])
     assert path.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_a_process_killed_mid_write_leaves_the_previous_file_whole(tmp_path: Path) -> None:
+    """SIGKILL while the new result is half written (before its rename): the old file still loads."""
+    path, started = tmp_path / "r.json", tmp_path / "started"
+    save_results(path, [make_run("baseline")])
+    previous = path.read_bytes()
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from harness import results
+        from test_results import make_run
+        def stall(fd):
+            open({str(started)!r}, "w").close()
+            time.sleep(60)
+        results.os.fsync = stall
+        results.save_results(results.Path({str(path)!r}), [make_run("optimized")] * 200)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the writer never reached fsync"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert path.read_bytes() == previous
+    assert [r.variant for r in load_results(path)] == ["baseline"]
+
+
+def test_an_old_schema_1_file_without_later_fields_still_loads(tmp_path: Path) -> None:
+    """Files written before ``resolution``, ``steps_completed`` and ``error`` existed load with their defaults."""
+    payload = valid_payload()
+    for run in payload["runs"]:
+        for key in ("resolution", "steps_completed", "error"):
+            del run[key]
+    (first, _) = load_results(write_json(tmp_path / "old.json", payload))
+    assert (first.resolution, first.steps_completed, first.error) == ({}, 0, None)
 
 
 def test_save_creates_missing_parent_folders(tmp_path: Path) -> None:

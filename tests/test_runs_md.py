@@ -16,6 +16,7 @@ from filelock import FileLock
 
 from harness import runs_md
 from harness.errors import UserError
+from harness.results import load_results, save_results
 from harness.runs_md import COLUMNS, HEADER, append_rows, check_milestone, format_rows, new_file_text, table_end
 from results_factory import make_result
 
@@ -218,6 +219,35 @@ def test_parallel_records_lose_no_row(tmp_path: Path) -> None:
     rows = table_rows(path.read_text(encoding="utf-8"))
     assert sorted(cells(r)[1] for r in rows) == sorted(f"w{w}-{i}" for w in range(8) for i in range(5))
     assert table_end(path.read_text(encoding="utf-8"), path) is not None
+
+
+def test_sixteen_record_processes_started_together_append_every_row_intact(tmp_path: Path) -> None:
+    """Real ``python -m harness record`` processes, all started before any finishes, on one RUNS.md."""
+    path = tmp_path / "RUNS.md"
+    append_rows(path, format_rows("before", [[make_result()]]))
+    earlier = path.read_text(encoding="utf-8")
+    result = tmp_path / "r.json"
+    save_results(result, [make_result("baseline"), make_result("optimized", [3000.0, 3030.0, 2970.0])])
+    procs = [subprocess.Popen([sys.executable, "-m", "harness", "record", "--milestone", f"p{i:02d}", str(result),
+                               "--runs-md", str(path)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(16)]
+    outcomes = [(proc.wait(timeout=120), proc.stderr.read()) for proc in procs]
+    for proc in procs:
+        proc.stdout.close()
+        proc.stderr.close()
+    assert [code for code, _ in outcomes] == [0] * 16, outcomes
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith(earlier)  # earlier rows kept byte for byte
+    assert table_end(text, path) is not None  # still one valid table
+    rows = table_rows(text)
+    assert len(rows) == 1 + 16 * 2 and all(len(cells(r)) == len(COLUMNS) for r in rows)
+    assert sorted(cells(r)[1] for r in rows[1:]) == sorted(f"p{i:02d}" for i in range(16) for _ in range(2))
+    expected = format_rows("p00", [load_results(result)])
+    for i in range(16):  # each process's pair of rows arrived whole and together
+        mine = [r for r in rows if cells(r)[1] == f"p{i:02d}"]
+        assert mine == [row.replace("| p00 |", f"| p{i:02d} |") for row in expected]
+        assert rows.index(mine[1]) == rows.index(mine[0]) + 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUNS.md", "RUNS.md.lock", "r.json"]
 
 
 def test_a_held_lock_times_out_as_a_user_error(tmp_path: Path) -> None:

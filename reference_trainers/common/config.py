@@ -204,9 +204,9 @@ class StabilityConfig(_Section):
 class RunConfig(_Section):
     """How the harness measures: budgets are in env steps (frames)."""
 
-    steps: int = Field(16_384, ge=1)
+    steps: int = Field(16_384, ge=1, le=10**12)
     """Timed env-step budget of each repeat."""
-    warmup_steps: int = Field(2_048, ge=0)
+    warmup_steps: int = Field(2_048, ge=0, le=10**12)
     """Env steps run (and compiled) before the clock starts."""
     repeats: int = Field(3, ge=1, le=100)
     return_window: int = Field(20, ge=1)
@@ -279,6 +279,11 @@ def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
     key = _dotted(loc)
@@ -294,7 +299,7 @@ def _describe(error: dict[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if "expected" in ctx:
         message = f"expected {ctx['expected']}"
-    return f"{key}: invalid value {value!r}: {message}"
+    return f"{key}: invalid value {_short_repr(value)}: {message}"
 
 
 def config_error_from(exc: ValidationError) -> ConfigError:
@@ -308,7 +313,7 @@ def config_error_from(exc: ValidationError) -> ConfigError:
     text = _describe(first)
     accepted = _union_accepts(first_key)
     if first["type"] != "extra_forbidden" and accepted:
-        text = f"{first_key}: invalid value {first.get('input')!r}: expected {accepted}"
+        text = f"{first_key}: invalid value {_short_repr(first.get('input'))}: expected {accepted}"
     more = len(seen) - 1
     return ConfigError(text + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
 
@@ -334,12 +339,15 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML config") from None
     try:
         data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or exc
+        raise ConfigError(f"{path}: malformed YAML{where}: {' '.join(str(problem).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -358,9 +366,44 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
+MAX_YAML_DEPTH = 64
+MAX_YAML_VALUES = 100_000
+
+
 def safe_load(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 exponent floats."""
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    """``yaml.safe_load`` with YAML 1.2 exponent floats; ``yaml.YAMLError`` for a document nested
+    deeper than ``MAX_YAML_DEPTH``, an alias that contains itself, or one that expands (aliases
+    followed) to more than ``MAX_YAML_VALUES`` values."""
+    try:
+        data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+    _check_tree(data)
+    return data
+
+
+def _check_tree(data: Any) -> None:
+    """Walk the loaded document as later code will (aliases expanded), within depth and size bounds."""
+    seen = 0
+    open_nodes: set[int] = set()
+
+    def walk(node: Any, depth: int) -> None:
+        nonlocal seen
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            raise yaml.YAMLError(f"more than {MAX_YAML_VALUES:,} values once aliases are expanded")
+        if not isinstance(node, (dict, list)):
+            return
+        if id(node) in open_nodes:
+            raise yaml.YAMLError("an alias refers to a collection that contains it")
+        if depth >= MAX_YAML_DEPTH:
+            raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+        open_nodes.add(id(node))
+        for child in node.values() if isinstance(node, dict) else node:
+            walk(child, depth + 1)
+        open_nodes.discard(id(node))
+
+    walk(data, 0)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

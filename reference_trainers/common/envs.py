@@ -22,6 +22,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from . import partial_obs
+from .async_env import CheckedAsyncVectorEnv
 
 partial_obs.register()
 
@@ -295,7 +296,8 @@ def make_vector_env(
     """Build an un-reset NEXT_STEP vector env of ``num_envs`` copies of ``env_id`` with concrete ``mode``.
 
     serial/sync/async sub-envs are ``gymnasium.make(env_id, **env_kwargs)``, wrapped in
-    ``ActionRepeat(action_repeat)`` when it is > 1; 'native' uses the spec's vector entry point.
+    ``ActionRepeat(action_repeat)`` when it is > 1; 'native' uses the spec's vector entry point; 'async'
+    workers that fail raise ``EnvWorkerError`` naming the sub-env (see ``async_env``).
     The caller resets with a seed and seeds ``action_space``.
     """
     if mode not in VECTORIZATION_MODES:
@@ -314,7 +316,7 @@ def make_vector_env(
         return SerialVectorEnv(env_fns)
     if mode == "sync":
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
-    return gym.vector.AsyncVectorEnv(env_fns, shared_memory=True, autoreset_mode=AutoresetMode.NEXT_STEP)
+    return CheckedAsyncVectorEnv(env_fns, env_id)
 
 
 class EpisodeTracker:

@@ -129,8 +129,9 @@ def resolve_config(config: TrainConfig) -> Resolution:
             raise ConfigError(f"optimizations.cuda_graphs: true cannot capture the recurrent update (a Python loop "
                               f"over time steps); accepted with model.recurrent {resolved.model.recurrent!r}: false or auto")
 
+    space = _checked_action_space(resolved)
     if resolved.algo in VALUE_BASED:
-        _resolve_value_based(resolved, reasons)
+        _resolve_value_based(resolved, reasons, space)
     else:
         _resolve_ppo(resolved, reasons)
     return Resolution(resolved, device, reasons)
@@ -150,7 +151,17 @@ def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
         o.replay = _pick(reasons, "optimizations.replay", "list", "ppo keeps no replay buffer")
 
 
-def _resolve_value_based(config: TrainConfig, reasons: dict[str, str]) -> None:
+def _checked_action_space(config: TrainConfig) -> gym.Space:
+    """Build one env with ``env.kwargs`` (so a bad keyword fails here, not mid-run); its action space."""
+    try:
+        return single_action_space(config.env.id, config.env.kwargs)
+    except Exception as exc:  # the env could not be built with these kwargs
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ConfigError(f"env.kwargs: gymnasium.make({config.env.id!r}, **{config.env.kwargs!r}) failed: "
+                          f"{detail[:300]}") from None
+
+
+def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
     hp = getattr(config, algo)
@@ -160,11 +171,6 @@ def _resolve_value_based(config: TrainConfig, reasons: dict[str, str]) -> None:
     if hp.buffer_size < hp.batch_size:
         raise ConfigError(f"{algo}.buffer_size: {hp.buffer_size} is smaller than {algo}.batch_size={hp.batch_size}; "
                           f"accepted: an integer >= {hp.batch_size}")
-    try:
-        space = single_action_space(config.env.id, config.env.kwargs)
-    except Exception as exc:  # the env could not be built with these kwargs
-        raise ConfigError(f"env.kwargs: gymnasium.make({config.env.id!r}, **{config.env.kwargs!r}) failed: "
-                          f"{type(exc).__name__}: {exc}") from None
     if not isinstance(space, gym.spaces.Discrete):
         raise ConfigError(f"env.id: {algo} needs a Discrete action space, {config.env.id!r} has {space}; "
                           "accepted: an env with discrete actions (e.g. CartPole-v1, Acrobot-v1), or algo: ppo")

@@ -1,0 +1,137 @@
+"""Host memory growth of long runs: a leak check per preset and variant.
+
+``measure_rss_growth(preset, variant, steps=...)`` builds the variant's trainer, runs a
+warm-up long enough to fill everything that legitimately grows (allocator pools, compiled
+code and, for DQN/IQN, the replay buffer up to its capacity), then samples the process's
+resident set size (RSS) at even intervals over ``steps`` more env steps. Growth is the
+least-squares slope of RSS against env steps, per 100k env steps, as a percentage of the
+RSS when the measured window began; a steady leak shows as a slope, allocator noise does
+not. ``python -m harness.rss_growth`` prints one row per preset and variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from reference_trainers import build_trainer
+from reference_trainers.common import device as dev
+from reference_trainers.common.resolve import VALUE_BASED, resolve_config
+
+from . import metrics
+from .presets import VARIANTS, preset_names, specs_for
+
+PER_STEPS = 100_000
+LIMIT_PCT = 5.0
+"""The target: less than this much RSS growth per 100k env steps after warm-up."""
+
+
+@dataclass(frozen=True)
+class RssGrowth:
+    """One preset variant: RSS along the measured window and its growth per 100k env steps."""
+
+    preset: str
+    variant: str
+    warmup_steps: int
+    steps: int
+    rss_start_mb: float
+    rss_end_mb: float
+    growth_mb_per_100k: float
+    growth_pct_per_100k: float
+    samples: list[tuple[int, float]]
+
+    @property
+    def passed(self) -> bool:
+        return self.growth_pct_per_100k < LIMIT_PCT
+
+
+def leak_free_warmup(config) -> int:  # noqa: ANN001 - a TrainConfig
+    """Env steps before the window opens: the run's own warm-up, and a full replay buffer for DQN/IQN."""
+    warmup = config.run.warmup_steps
+    if config.algo in VALUE_BASED:
+        hp = getattr(config, config.algo)
+        warmup = max(warmup, (hp.buffer_size + hp.learning_starts) * config.env.action_repeat)
+    return warmup
+
+
+def growth_per_100k(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """(MB, % of the first sample) of RSS growth per 100k env steps: least-squares slope of the samples."""
+    steps = np.array([s for s, _ in samples], dtype=np.float64)
+    rss = np.array([r for _, r in samples], dtype=np.float64)
+    if len(samples) < 2 or steps[-1] <= steps[0]:
+        return 0.0, 0.0
+    slope = float(np.polyfit(steps - steps[0], rss, 1)[0]) * PER_STEPS
+    return slope, 100.0 * slope / rss[0]
+
+
+def measure_rss_growth(preset: str, variant: str, *, steps: int = 200_000, samples: int = 21,
+                       overrides: tuple[str, ...] = (), warmup_steps: int | None = None,
+                       on_iteration: Callable[[object], None] | None = None) -> RssGrowth:
+    """RSS growth of one preset variant over ``steps`` env steps after a leak-free warm-up.
+
+    ``on_iteration(trainer)`` runs after every training iteration of the window (tests plant a leak with it).
+    """
+    (spec,) = specs_for(preset, variant, list(overrides))
+    resolution = resolve_config(spec.config)
+    warmup = leak_free_warmup(resolution.config) if warmup_steps is None else warmup_steps
+    saved = dev.process_settings()
+    trainer = build_trainer(resolution)
+    try:
+        while trainer.env_steps < warmup:
+            trainer.iterate()
+        gc.collect()
+        start = trainer.env_steps
+        every = max(1, steps // max(1, samples - 1))
+        points = [(0, metrics.host_rss_mb())]
+        while trainer.env_steps - start < steps:
+            trainer.iterate()
+            if on_iteration is not None:
+                on_iteration(trainer)
+            done = trainer.env_steps - start
+            if done - points[-1][0] >= every or done >= steps:
+                points.append((done, metrics.host_rss_mb()))
+    finally:
+        trainer.close()
+        dev.restore_process_settings(saved)
+    mb, pct = growth_per_100k(points)
+    return RssGrowth(spec.preset, spec.variant, warmup, points[-1][0], points[0][1], points[-1][1], mb, pct, points)
+
+
+def format_table(results: list[RssGrowth]) -> str:
+    lines = [f"{'preset':<14}{'variant':<11}{'warm-up':>9}{'steps':>9}{'RSS start MB':>14}{'RSS end MB':>12}"
+             f"{'MB/100k':>10}{'%/100k':>9}  verdict"]
+    for r in results:
+        lines.append(f"{r.preset:<14}{r.variant:<11}{r.warmup_steps:>9,}{r.steps:>9,}{r.rss_start_mb:>14.1f}"
+                     f"{r.rss_end_mb:>12.1f}{r.growth_mb_per_100k:>10.2f}{r.growth_pct_per_100k:>9.2f}  "
+                     f"{'ok' if r.passed else f'LEAK? (limit {LIMIT_PCT:g} %)'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.rss_growth [PRESET...]``: host RSS growth per 100k env steps after warm-up."""
+    parser = argparse.ArgumentParser(prog="python -m harness.rss_growth", description=main.__doc__)
+    parser.add_argument("presets", nargs="*", metavar="PRESET", help="default: every shipped preset")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="baseline,optimized")
+    parser.add_argument("--steps", type=int, default=200_000, help="env steps in the measured window")
+    parser.add_argument("--samples", type=int, default=21, help="RSS samples along the window")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    args = parser.parse_args(argv)
+    results = []
+    for preset in args.presets or preset_names():
+        for variant in (v for v in args.variants.split(",") if v):
+            results.append(measure_rss_growth(preset, variant, steps=args.steps, samples=args.samples,
+                                              overrides=tuple(args.overrides)))
+            if not args.json:
+                print(format_table(results[-1:]).splitlines()[-1], flush=True)
+    print(json.dumps([asdict(r) for r in results], indent=2) if args.json else "\n" + format_table(results))
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
