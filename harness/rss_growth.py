@@ -6,14 +6,17 @@ code and, for DQN/IQN, the replay buffer up to its capacity), then samples the p
 resident set size (RSS) at even intervals over ``steps`` more env steps. Growth is the
 least-squares slope of RSS against env steps, per 100k env steps, as a percentage of the
 RSS when the measured window began; a steady leak shows as a slope, allocator noise does
-not. ``python -m harness.rss_growth`` prints one row per preset and variant.
+not. ``python -m harness.rss_growth`` prints one row per preset and variant, each measured in
+a fresh process.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import json
+import multiprocessing
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -102,6 +105,14 @@ def measure_rss_growth(preset: str, variant: str, *, steps: int = 200_000, sampl
     return RssGrowth(spec.preset, spec.variant, warmup, points[-1][0], points[0][1], points[-1][1], mb, pct, points)
 
 
+def measure_in_fresh_process(preset: str, variant: str, **kwargs: object) -> RssGrowth:
+    """``measure_rss_growth`` in a new interpreter: memory an earlier measurement freed but the
+    allocator kept would otherwise absorb (hide) growth."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(measure_rss_growth, preset, variant, **kwargs).result()
+
+
 def format_table(results: list[RssGrowth]) -> str:
     lines = [f"{'preset':<14}{'variant':<11}{'warm-up':>9}{'steps':>9}{'RSS start MB':>14}{'RSS end MB':>12}"
              f"{'MB/100k':>10}{'%/100k':>9}  verdict"]
@@ -125,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for preset in args.presets or preset_names():
         for variant in (v for v in args.variants.split(",") if v):
-            results.append(measure_rss_growth(preset, variant, steps=args.steps, samples=args.samples,
-                                              overrides=tuple(args.overrides)))
+            results.append(measure_in_fresh_process(preset, variant, steps=args.steps, samples=args.samples,
+                                                    overrides=tuple(args.overrides)))
             if not args.json:
                 print(format_table(results[-1:]).splitlines()[-1], flush=True)
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else "\n" + format_table(results))

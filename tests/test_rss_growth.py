@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY
-from harness.rss_growth import LIMIT_PCT, growth_per_100k, leak_free_warmup, measure_rss_growth
+from harness.rss_growth import LIMIT_PCT, growth_per_100k, leak_free_warmup, measure_in_fresh_process, measure_rss_growth
 from reference_trainers.common.config import build_config
 
 
@@ -50,6 +50,6 @@ VALUE_BASED_SMALL_REPLAY = {"dqn": ["dqn.buffer_size=10000"], "iqn": ["iqn.buffe
 def test_presets_grow_host_memory_less_than_the_limit_after_warm_up(preset: str, variant: str) -> None:
     """A 40k-step window after warm-up (replay shrunk to 10k so it fills sooner); the full check over
     every preset and 100k steps is ``python -m harness.rss_growth``."""
-    result = measure_rss_growth(preset, variant, steps=40_000, samples=11,
-                                overrides=("device=cpu", *VALUE_BASED_SMALL_REPLAY[preset.split("-")[0]]))
+    result = measure_in_fresh_process(preset, variant, steps=40_000, samples=11,
+                                      overrides=("device=cpu", *VALUE_BASED_SMALL_REPLAY[preset.split("-")[0]]))
     assert result.growth_pct_per_100k < LIMIT_PCT, result
