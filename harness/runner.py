@@ -285,9 +285,8 @@ def _latency_and_sentinels(live: _Live) -> None:
     live.float64_ops, live.float64_site = wide.count, wide.first_site
 
 
-def _summed_over_ranks(rates: list[float]) -> list[float]:
-    """Per-repeat rates added up over the ranks (unchanged in a single process); every rank calls it."""
-    per_rank = distributed.gather(list(rates))
+def _summed_over_ranks(per_rank: list[list[float]]) -> list[float]:
+    """Per-repeat rates of every rank added up (unchanged in a single process)."""
     return [float(sum(values)) for values in zip(*per_rank)]
 
 
@@ -295,8 +294,9 @@ def _result(live: _Live) -> RunResult:
     """The run's result; under torchrun env and agent steps/sec are summed over the ranks, every
     other metric is this rank's (updates are synchronised: each rank takes the same optimiser steps)."""
     cfg, trainer = live.resolution.config, live.trainer
-    rates = _summed_over_ranks(live.env_rates)
-    live.agent_rates = _summed_over_ranks(live.agent_rates)
+    env_rates_by_rank = distributed.gather(list(live.env_rates))  # every rank takes part
+    rates = _summed_over_ranks(env_rates_by_rank)
+    live.agent_rates = _summed_over_ranks(distributed.gather(list(live.agent_rates)))
     live.timed_steps = sum(distributed.gather(live.timed_steps))
     measured = bool(rates)
     util = None
@@ -315,6 +315,8 @@ def _result(live: _Live) -> RunResult:
         "warmup_s": live.warmup_s,
         "mean_return_last_k": trainer.mean_recent_return() if trainer is not None else None,
     }
+    if len(env_rates_by_rank) > 1 and measured:
+        metrics_block["env_steps_per_sec_by_rank"] = [metrics.spread(r) for r in env_rates_by_rank]
     float64_ops = live.float64_ops
     nonfinite = trainer.nonfinite_events if trainer is not None else 0
     fallback = bool(trainer is not None and trainer.compile_fallback)

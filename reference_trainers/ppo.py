@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import distributed
-from .common.checkpoint import Checkpointable
+from .common.trainer_state import Checkpointable
 from .common.config import TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, make_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile

@@ -17,8 +17,10 @@ TINY_DISTRIBUTED = {
 }
 
 
-def train(algo: str, iterations: int, extra: list[str]) -> dict[str, Any]:
-    """Build a distributed trainer (torchrun's variables already set), train, report what the test compares."""
+def train(algo: str, iterations: int, extra: list[str], resume_at: int | None = None) -> dict[str, Any]:
+    """Build a distributed trainer (torchrun's variables already set), train, report what the test compares.
+
+    With ``resume_at``, the trainer is rebuilt from its own ``state_dict()`` after that many iterations."""
     from reference_trainers import build_trainer
     from reference_trainers.common import distributed
     from reference_trainers.common.config import build_config
@@ -26,16 +28,23 @@ def train(algo: str, iterations: int, extra: list[str]) -> dict[str, Any]:
 
     overrides = ["device=cpu", f"algo={algo}", "env.num_envs=2", "env.vectorization=sync", "model.hidden_sizes=[16,16]",
                  "distributed.enabled=true", "distributed.timeout_s=60", *TINY_DISTRIBUTED[algo], *extra]
-    trainer = build_trainer(resolve_config(build_config({}, overrides)))
+    resolution = resolve_config(build_config({}, overrides))
+    trainer = build_trainer(resolution)
     first_obs = torch.as_tensor(trainer.next_obs, dtype=torch.float32).clone()
-    for _ in range(iterations):
+    for i in range(iterations):
+        if i == resume_at:
+            state = trainer.state_dict()
+            trainer.close()
+            trainer = build_trainer(resolution)
+            trainer.load_state_dict(state)
         trainer.iterate()
     trainer.close()
     return {"params": [p.detach().clone() for p in trainer.model.parameters()], "first_obs": first_obs,
-            "updates": trainer.updates, "world_size": distributed.world_size()}
+            "updates": trainer.updates, "world_size": distributed.world_size(),
+            "compile_fallback": trainer.compile_fallback}
 
 
-def train_rank(rank: int, world_size: int, port: int, jobs: list[tuple[str, int, list[str]]], out_dir: str) -> None:
+def train_rank(rank: int, world_size: int, port: int, jobs: list[tuple[Any, ...]], out_dir: str) -> None:
     """One rank: join the group through torchrun's variables, run every job, save the reports."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})

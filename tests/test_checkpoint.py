@@ -92,7 +92,7 @@ def test_resume_without_the_env_state_would_diverge(tmp_path: Path, monkeypatch:
     for _ in range(2):
         first.iterate()
     state = first.state_dict()
-    monkeypatch.setattr("reference_trainers.common.env_state.restore_env_state", lambda *args: None)
+    monkeypatch.setattr("reference_trainers.common.trainer_state.restore_env_state", lambda *args: None)
     resumed = trainer_for(config)
     resumed.load_state_dict(state)
     for _ in range(2):

@@ -29,8 +29,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-JOBS = {"ppo": ("ppo", 3, []), "dqn": ("dqn", 3, ["dqn.prioritized_replay=true", "dqn.n_step=2"]),
-        "iqn": ("iqn", 3, ["optimizations.replay=tensor"])}
+DQN_EXTRA = ["dqn.prioritized_replay=true", "dqn.n_step=2"]
+JOBS = {"ppo": ("ppo", 3, []), "dqn": ("dqn", 3, DQN_EXTRA), "iqn": ("iqn", 3, ["optimizations.replay=tensor"]),
+        "ppo resumed": ("ppo", 3, [], 1), "dqn resumed": ("dqn", 3, DQN_EXTRA, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +44,32 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]
     return {algo: [reports[0][i], reports[1][i]] for i, algo in enumerate(JOBS)}
 
 
-@pytest.mark.parametrize("algo", list(JOBS))
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "iqn"])
 def test_two_ranks_keep_identical_parameters_while_stepping_different_envs(
         algo: str, two_ranks: dict[str, list[dict]]) -> None:
     ranks = two_ranks[algo]
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["updates"] == ranks[1]["updates"] > 0
     assert not torch.equal(ranks[0]["first_obs"], ranks[1]["first_obs"])  # each rank seeds its own envs
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_each_rank_resumed_from_its_own_checkpoint_ends_where_the_uninterrupted_ranks_do(
+        algo: str, two_ranks: dict[str, list[dict]]) -> None:
+    for straight, resumed in zip(two_ranks[algo], two_ranks[f"{algo} resumed"]):
+        assert straight["updates"] == resumed["updates"]
+        for a, b in zip(straight["params"], resumed["params"]):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_compiled_model_under_ddp_keeps_ranks_identical_without_falling_back(tmp_path: Path) -> None:
+    jobs = [("ppo", 2, ["optimizations.compile_model=true", "optimizations.batch_inference=true"])]
+    mp.start_processes(train_rank, args=(2, free_port(), jobs, str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True)[0] for r in range(2)]
+    assert not any(r["compile_fallback"] for r in ranks)
     for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
         assert torch.equal(a, b)
 
@@ -130,10 +150,16 @@ def test_torchrun_two_ranks_writes_one_result_with_summed_throughput(tmp_path: P
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "harness", "run",
                            "ppo-cartpole", *sets, "--set", "distributed.enabled=true", "--variant", "optimized",
-                           "--quiet", "--out", str(out)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                           "--quiet", "--out", str(out), "--checkpoint-every", "64"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("env_steps_per_sec") == 1  # one table, from rank 0
     run = json.loads(out.read_text())["runs"][0]
     assert run["machine"]["world_size"] == 2 and run["config"]["distributed"]["backend"] == "gloo"
     assert run["steps_completed"] >= 2 * 64
+    summed, by_rank = run["metrics"]["env_steps_per_sec"], run["metrics"]["env_steps_per_sec_by_rank"]
+    assert len(by_rank) == 2
+    assert summed["samples"] == pytest.approx([a + b for a, b in zip(by_rank[0]["samples"], by_rank[1]["samples"])])
+    for rank in range(2):  # each rank checkpoints its own envs, replay and RNG
+        saved = torch.load(tmp_path / "checkpoints" / f"ppo-cartpole.rank{rank}.ckpt.pt", weights_only=True)
+        assert saved["finished"] and saved["variants"]["optimized"]["trainer"]["rank"] == rank

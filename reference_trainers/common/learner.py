@@ -158,7 +158,12 @@ class Learner:
                 "nonfinite_events": self.nonfinite_events}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        live_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, live in zip(self.optimizer.param_groups, live_lrs):
+            if torch.is_tensor(live):  # cuda_graphs: keep the device tensor the graph reads, with the saved value
+                live.fill_(float(group["lr"]))
+                group["lr"] = live
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.nonfinite_events = int(state["nonfinite_events"])

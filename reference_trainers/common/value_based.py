@@ -24,7 +24,7 @@ from torch import nn
 
 from . import distributed
 from .buffers import Sample, make_replay
-from .checkpoint import Checkpointable
+from .trainer_state import Checkpointable
 from .config import TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, make_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
