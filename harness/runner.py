@@ -94,7 +94,7 @@ class _Live:
 
 
 class _Clock:
-    """Wall and CPU seconds since the last ``lap`` (checkpoint writing is left out by lapping after it)."""
+    """Wall and CPU seconds since the last ``lap`` (lapping after a checkpoint leaves its writing out)."""
 
     def __init__(self) -> None:
         self.wall, self.cpu = time.perf_counter(), metrics.process_cpu_seconds()
@@ -122,8 +122,8 @@ class _Run:
         """Env steps of every variant together (the clock of ``--checkpoint-every``)."""
         return sum(l.trainer.env_steps for l in self.lives if l.trainer is not None)
 
-    def after_iteration(self, live: _Live) -> bool:
-        """Save a checkpoint if the run passed a multiple of ``--checkpoint-every`` env steps; True if it did."""
+    def checkpoint_due(self) -> bool:
+        """True once the run passed another multiple of ``--checkpoint-every`` env steps."""
         ckpt = self.checkpointing
         if ckpt is None or ckpt.every is None or any(l.trainer is None for l in self.lives):
             return False
@@ -131,8 +131,6 @@ class _Run:
         if index <= self.checkpoint_index:
             return False
         self.checkpoint_index = index
-        dev.synchronize(live.resolution.device)
-        self.save(finished=False)
         return True
 
     def save(self, finished: bool) -> None:
@@ -204,9 +202,11 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
                 break
             done = live.trainer.iterate()
             progress.advance(done.env_steps, live.trainer.env_steps)
-            live.warmup_s += clock.lap()[0]
-            if run.after_iteration(live):
-                clock.lap()
+            if run.checkpoint_due():
+                dev.synchronize(live.resolution.device)
+                live.warmup_s += clock.lap()[0]
+                run.save(finished=False)
+                clock.lap()  # saving is not warm-up
     except Exception as exc:  # the trainer failed: record it, keep the other variants going
         _failed(live, exc)
     dev.synchronize(live.resolution.device)
@@ -239,11 +239,13 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
             seg.updates += done.updates
             live.peak_rss_mb = max(live.peak_rss_mb, metrics.host_rss_mb())
             progress.advance(done.env_steps, trainer.env_steps)
-            account()
-            live.probe.enabled = False
-            if run.after_iteration(live):
-                clock.lap()
-            live.probe.enabled = True
+            if run.checkpoint_due():
+                dev.synchronize(live.resolution.device)
+                account()
+                live.probe.enabled = False
+                run.save(finished=False)
+                clock.lap()  # saving is not timed
+                live.probe.enabled = True
         dev.synchronize(live.resolution.device)
     except Exception as exc:
         _failed(live, exc)
