@@ -147,3 +147,17 @@ def test_checkpoint_options_are_checked(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2 and "--checkpoint-every 0: expected a positive number" in err
     code, err = run(capsys, "ppo-cartpole", *TINY_ARGS, "--checkpoint-dir", str(tmp_path))
     assert code == 2 and "only used with --checkpoint-every or --resume" in err
+
+
+def test_under_torchrun_each_rank_resumes_from_its_own_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import checkpoints
+    from harness.errors import UserError
+
+    monkeypatch.setattr(checkpoints.distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(checkpoints.distributed, "rank", lambda: 1)
+    assert checkpoints.file_name("ppo-cartpole") == "ppo-cartpole.rank1.ckpt.pt"
+    assert checkpoints.resume_file(tmp_path, "ppo-cartpole") == tmp_path / "ppo-cartpole.rank1.ckpt.pt"
+    given = tmp_path / "ppo-cartpole.rank0.ckpt.pt"
+    assert checkpoints.resume_file(given, "ppo-cartpole") == tmp_path / "ppo-cartpole.rank1.ckpt.pt"
+    with pytest.raises(UserError, match="under torchrun give the checkpoint folder"):
+        checkpoints.resume_file(tmp_path / "mine.pt", "ppo-cartpole")
