@@ -20,7 +20,11 @@ from reference_trainers.common.resolve import resolve_config
 
 
 def tiny_config(algo: str, *extra: str):  # noqa: ANN201 - a TrainConfig
-    base = ["device=cpu", "env.num_envs=2", "model.hidden_sizes=[16,16]", f"algo={algo}", "env.vectorization=sync"]
+    base = ["device=cpu", "env.num_envs=2", "model.hidden_sizes=[16,16]", f"algo={algo}", "env.vectorization=sync",
+            "optimizations.torch_threads=1"]
+    if algo == "iqn":
+        base += ["iqn.num_tau_samples=8", "iqn.num_tau_prime_samples=8", "iqn.num_quantile_samples=8",
+                 "iqn.quantile_embedding_dim=16"]
     if algo == "ppo":
         base += ["ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2"]
     else:

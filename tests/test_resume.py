@@ -57,7 +57,8 @@ PRESETS = {
             ["dqn.learning_starts=64", "dqn.batch_size=16", "dqn.log_interval=32", "run.steps=128"]),
     "iqn": ("iqn-cartpole", "reference_trainers.common.value_based.ValueTrainer",
             ["iqn.learning_starts=64", "iqn.batch_size=16", "iqn.log_interval=32", "run.steps=128",
-             "iqn.num_tau_samples=8", "iqn.num_tau_prime_samples=8", "iqn.num_quantile_samples=8"]),
+             "iqn.num_tau_samples=8", "iqn.num_tau_prime_samples=8", "iqn.num_quantile_samples=8",
+             "iqn.quantile_embedding_dim=16"]),
 }
 
 
@@ -69,7 +70,8 @@ def test_interrupted_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted
     preset, trainer_path, extra = PRESETS[algo]
     module, _, name = trainer_path.rpartition(".")
     trainer_cls = getattr(importlib.import_module(module), name)
-    args = [preset, *TINY_ARGS, *[a for x in extra for a in ("--set", x)], "--repeats", "2", "--quiet",
+    args = [preset, *TINY_ARGS, *[a for x in extra for a in ("--set", x)], "--set", "optimizations.torch_threads=1",
+            "--repeats", "2", "--quiet",
             "--checkpoint-every", "64"]
 
     assert run(capsys, *args, "--checkpoint-dir", str(tmp_path / "straight"))[0] == 0
