@@ -52,6 +52,8 @@ CASES = [
     ("ppo",),
     ("ppo", "env.vectorization=serial", "optimizations.batch_inference=true", "optimizations.sync_free_logging=true"),
     ("ppo", "env.vectorization=native"),
+    ("ppo", "env.id=Pendulum-v1"),
+    ("ppo", "env.id=Acrobot-v1", "env.action_repeat=2", "env.vectorization=serial"),
     ("dqn",),
     ("dqn", "optimizations.replay=tensor", "dqn.prioritized_replay=true", "dqn.n_step=3"),
     ("dqn", "env.vectorization=serial", "dqn.n_step=3", "dqn.double_q=true"),
