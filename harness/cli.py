@@ -15,8 +15,10 @@ from typing import NoReturn
 import yaml
 from rich.console import Console
 
+from reference_trainers.common import distributed
 from reference_trainers.common.config import ConfigError, to_plain_dict
 
+from .checkpoints import Checkpointing
 from .errors import UserError
 from .interrupts import stop_on_signals
 from .presets import VARIANTS, list_presets, specs_for
@@ -53,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(run)
     run.add_argument("--out", type=Path, metavar="RESULT.json", help="write the results here (atomically)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
+    run.add_argument("--checkpoint-every", type=int, metavar="N",
+                     help="save a checkpoint each time the run passes a multiple of N env steps, and at the end")
+    run.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
+                     help="where checkpoints go (default: checkpoints/ beside --out, or in the current folder)")
+    run.add_argument("--resume", type=Path, metavar="PATH",
+                     help="continue from a checkpoint file (or the folder holding it) of the same preset and config")
 
     sub.add_parser("presets", help="list the shipped presets")
 
@@ -96,15 +104,21 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return extra
 
 
-def _measure(specs: list, args: argparse.Namespace) -> tuple[list, bool]:
-    """Run resolved specs (``run`` and ``gate --run``): progress on stderr, table on stdout, ``--out`` written."""
+def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing | None = None) -> tuple[list, bool]:
+    """Run resolved specs (``run`` and ``gate --run``): progress on stderr, table on stdout, ``--out`` written.
+
+    Under torchrun every rank trains; rank 0 alone prints and writes ``--out``."""
     from .runner import run_variants
 
-    say = (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
-    show_progress = not args.quiet and sys.stderr.isatty()
+    main_process = distributed.is_main_process()
+    quiet = args.quiet or not main_process
+    say = (lambda _text: None) if quiet else (lambda text: print(text, file=sys.stderr))
+    show_progress = not quiet and sys.stderr.isatty()
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: interrupted results, still written below
-        results, interrupted = run_variants(specs, show_progress=show_progress, say=say)
+        results, interrupted = run_variants(specs, show_progress=show_progress, say=say, checkpointing=checkpointing)
         signals.hold()
+        if not main_process:
+            return results, interrupted
         if interrupted:
             steps = ", ".join(f"{r.variant} {r.steps_completed:,}" for r in results)
             cause = f" by {signals.received[0]}" if signals.received else ""
@@ -124,18 +138,58 @@ def _console() -> Console:
     return Console(soft_wrap=False, width=max(160, Console().width))
 
 
+def _join_process_group(resolutions: list) -> None:
+    """Under ``distributed.enabled`` (checked against torchrun's environment), join the process group."""
+    enabled = {r.config.distributed.enabled for r in resolutions}
+    if len(enabled) > 1:
+        raise UserError("distributed.enabled: every variant of a run must agree (set it with --set for all of them)")
+    first = resolutions[0]
+    distributed.join(first.config.distributed, first.device)
+
+
+def _checkpointing(args: argparse.Namespace, specs: list, resolutions: list) -> Checkpointing | None:
+    """``--checkpoint-every`` / ``--checkpoint-dir`` / ``--resume``, checked before anything runs."""
+    from .checkpoints import (check_envs, check_every, default_directory, file_name, load_run_checkpoint,
+                              resume_file)
+
+    check_every(args.checkpoint_every)
+    if args.checkpoint_every is None and args.resume is None:
+        if args.checkpoint_dir is not None:
+            raise UserError("--checkpoint-dir: only used with --checkpoint-every or --resume")
+        return None
+    preset = specs[0].preset
+    resumed = None
+    if args.resume is not None:
+        configs = {spec.variant: res.config for spec, res in zip(specs, resolutions)}
+        resumed = load_run_checkpoint(resume_file(args.resume, preset), preset, configs)
+    path = (args.checkpoint_dir or default_directory(args.out)) / file_name(preset)
+    if args.checkpoint_every is not None:
+        check_envs([res.config for res in resolutions])
+        try:
+            check_writable(path)
+        except UserError as exc:
+            raise UserError(str(exc).replace("--out", "--checkpoint-dir", 1)) from None
+    return Checkpointing(args.checkpoint_every, path, resumed)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import resolve_specs
 
     specs = specs_for(args.target, args.variant, _overrides(args))
-    resolve_specs(specs)  # every flag checked before anything runs
-    if args.out is not None:
-        check_writable(args.out)
-    results, interrupted = _measure(specs, args)
+    resolutions = resolve_specs(specs)  # every flag checked before anything runs
+    _join_process_group(resolutions)
+    main_process = distributed.is_main_process()
+    try:
+        checkpointing = _checkpointing(args, specs, resolutions)
+        if args.out is not None and main_process:
+            check_writable(args.out)
+        results, interrupted = _measure(specs, args, checkpointing)
+    finally:
+        distributed.teardown()
     if interrupted:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.status != "ok"]
-    for result in bad:
+    for result in bad if main_process else []:
         detail = result.error or f"float64_ops={result.stability['float64_ops']} nonfinite_events={result.stability['nonfinite_events']}"
         print(f"rlgauge: {result.variant} run is {result.status}: {detail}", file=sys.stderr)
     return EXIT_CHECK_FAILED if bad else EXIT_OK

@@ -9,18 +9,20 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
+from reference_trainers.common import distributed
 from reference_trainers.common.config import to_plain_dict
 from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
 from reference_trainers.ppo import NonFiniteError
 
 from . import metrics
+from .checkpoints import Checkpointing
 from .presets import VariantSpec
 from .progress import RunProgress
 from .provenance import git_info, machine_info
@@ -28,6 +30,17 @@ from .results import RunResult
 from .sentinels import Float64Sentinel, HostSyncCounter
 
 log = logging.getLogger("rlgauge")
+
+
+@dataclass
+class _Segment:
+    """The part of the current timed repeat done so far (kept across a checkpoint and resume)."""
+
+    frames: int = 0
+    decisions: int = 0
+    updates: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -40,9 +53,11 @@ class _Live:
     probe: metrics.TimingProbe = field(default_factory=metrics.TimingProbe)
     started_at: str = ""
     warmup_s: float = 0.0
+    warmup_done: bool = False
     env_rates: list[float] = field(default_factory=list)
     agent_rates: list[float] = field(default_factory=list)
     update_rates: list[float] = field(default_factory=list)
+    segment: _Segment = field(default_factory=_Segment)
     timed_seconds: float = 0.0
     cpu_seconds: float = 0.0
     timed_steps: int = 0
@@ -55,16 +70,76 @@ class _Live:
     error: str | None = None
     status: str = "ok"
 
+    _PROGRESS = ("started_at", "warmup_s", "warmup_done", "env_rates", "agent_rates", "update_rates",
+                 "timed_seconds", "cpu_seconds", "timed_steps", "peak_rss_mb")
+
+    def progress(self) -> dict[str, Any]:
+        """The runner's part of a checkpoint: what was measured so far."""
+        return {**{name: getattr(self, name) for name in self._PROGRESS}, "segment": asdict(self.segment),
+                "phase_seconds": dict(self.probe.seconds)}
+
+    def restore_progress(self, saved: dict[str, Any]) -> None:
+        for name in self._PROGRESS:
+            setattr(self, name, saved[name])
+        self.segment = _Segment(**saved["segment"])
+        self.probe.seconds.update(saved["phase_seconds"])
+
+
+class _Clock:
+    """Wall and CPU seconds since the last ``lap`` (lapping after a checkpoint leaves its writing out)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), metrics.process_cpu_seconds()
+
+    def lap(self) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), metrics.process_cpu_seconds()
+        elapsed = (wall - self.wall, cpu - self.cpu)
+        self.wall, self.cpu = wall, cpu
+        return elapsed
+
 
 def resolve_specs(specs: list[VariantSpec]) -> list[Resolution]:
     """Resolve every variant before anything runs, so a bad flag fails fast."""
     return [resolve_config(spec.config) for spec in specs]
 
 
+class _Run:
+    """The variants of one run, measured together, and their checkpoints."""
+
+    def __init__(self, lives: list[_Live], checkpointing: Checkpointing | None) -> None:
+        self.lives, self.checkpointing = lives, checkpointing
+        self.checkpoint_index = 0
+
+    def env_steps(self) -> int:
+        """Env steps of every variant together (the clock of ``--checkpoint-every``)."""
+        return sum(l.trainer.env_steps for l in self.lives if l.trainer is not None)
+
+    def checkpoint_due(self) -> bool:
+        """True once the run passed another multiple of ``--checkpoint-every`` env steps."""
+        ckpt = self.checkpointing
+        if ckpt is None or ckpt.every is None or any(l.trainer is None for l in self.lives):
+            return False
+        index = ckpt.index(self.env_steps())
+        if index <= self.checkpoint_index:
+            return False
+        self.checkpoint_index = index
+        return True
+
+    def save(self, finished: bool) -> None:
+        ckpt = self.checkpointing
+        if ckpt is None or any(l.trainer is None for l in self.lives):
+            return
+        ckpt.save(self.lives[0].spec.preset, {l.spec.variant: {"trainer": l.trainer.state_dict(),
+                                                               "progress": l.progress()} for l in self.lives},
+                  finished)
+
+
 def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
-                 say: Callable[[str], None] = print) -> tuple[list[RunResult], bool]:
-    """Measure each spec; returns (results, interrupted)."""
+                 say: Callable[[str], None] = print,
+                 checkpointing: Checkpointing | None = None) -> tuple[list[RunResult], bool]:
+    """Measure each spec (continuing ``checkpointing.resumed`` if given); returns (results, interrupted)."""
     lives = [_Live(spec, res) for spec, res in zip(specs, resolve_specs(specs))]
+    run = _Run(lives, checkpointing)
     for live in lives:
         say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
     total = sum(l.resolution.config.run.warmup_steps + l.resolution.config.run.repeats * l.resolution.config.run.steps
@@ -74,16 +149,19 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     with RunProgress(total, enabled=show_progress) as progress:
         try:
             for live in lives:
-                _warm_up(live, progress)
+                _warm_up(live, progress, run)
+            if checkpointing is not None and checkpointing.every:
+                run.checkpoint_index = checkpointing.index(run.env_steps())
             rounds = max(l.resolution.config.run.repeats for l in lives)
             for r in range(rounds):
                 order = lives if r % 2 == 0 else lives[::-1]
                 for live in order:
-                    if r < live.resolution.config.run.repeats and live.status == "ok":
-                        _timed_segment(live, progress)
+                    if len(live.env_rates) <= r < live.resolution.config.run.repeats and live.status == "ok":
+                        _timed_segment(live, progress, run)
             for live in lives:
                 if live.status == "ok":
                     _latency_and_sentinels(live)
+            run.save(finished=True)
         except KeyboardInterrupt:
             interrupted = True
             for live in lives:
@@ -97,24 +175,35 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     return [_result(live) for live in lives], interrupted
 
 
-def _warm_up(live: _Live, progress: RunProgress) -> None:
-    live.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    start = time.perf_counter()
+def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
     budget = live.resolution.config.run.warmup_steps
     progress.describe(f"{live.spec.variant} warm-up")
+    resumed = run.checkpointing.variant_state(live.spec.variant) if run.checkpointing else None
+    clock = _Clock()
     try:
         live.trainer = build_trainer(live.resolution, probe=live.probe)
         live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.DEFAULT_THREADS
+        if resumed is not None:
+            live.trainer.load_state_dict(resumed["trainer"])
+            live.restore_progress(resumed["progress"])
+        else:
+            live.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         dev.reset_peak_memory(live.resolution.device)
-        while True:
+        while not live.warmup_done:
+            if live.trainer.iterations and distributed.agreed_min(live.trainer.env_steps) >= budget:
+                live.warmup_done = True
+                break
             done = live.trainer.iterate()
             progress.advance(done.env_steps, live.trainer.env_steps)
-            if live.trainer.env_steps >= budget:
-                break
+            if run.checkpoint_due():
+                dev.synchronize(live.resolution.device)
+                live.warmup_s += clock.lap()[0]
+                run.save(finished=False)
+                clock.lap()  # saving is not warm-up
     except Exception as exc:  # the trainer failed: record it, keep the other variants going
         _failed(live, exc)
     dev.synchronize(live.resolution.device)
-    live.warmup_s = time.perf_counter() - start
+    live.warmup_s += clock.lap()[0]
 
 
 def _failed(live: _Live, exc: Exception) -> None:
@@ -123,33 +212,47 @@ def _failed(live: _Live, exc: Exception) -> None:
     log.error("%s %s failed: %s", live.spec.preset, live.spec.variant, live.error)
 
 
-def _timed_segment(live: _Live, progress: RunProgress) -> None:
-    trainer, steps = live.trainer, live.resolution.config.run.steps
+def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
+    """One timed repeat (or the rest of one a checkpoint interrupted): ``run.steps`` env steps."""
+    trainer, steps, seg = live.trainer, live.resolution.config.run.steps, live.segment
     progress.describe(live.spec.variant)
-    frames = decisions = updates = 0
     live.probe.enabled = True
-    cpu0, start = metrics.process_cpu_seconds(), time.perf_counter()
+    clock = _Clock()
+
+    def account() -> None:
+        wall, cpu = clock.lap()
+        seg.seconds += wall
+        seg.cpu_seconds += cpu
+
     try:
-        while frames < steps:
+        while distributed.agreed_min(seg.frames) < steps:
             done = trainer.iterate()
-            frames += done.env_steps
-            decisions += done.agent_steps
-            updates += done.updates
+            seg.frames += done.env_steps
+            seg.decisions += done.agent_steps
+            seg.updates += done.updates
             live.peak_rss_mb = max(live.peak_rss_mb, metrics.host_rss_mb())
             progress.advance(done.env_steps, trainer.env_steps)
+            if run.checkpoint_due():
+                dev.synchronize(live.resolution.device)
+                account()
+                live.probe.enabled = False
+                run.save(finished=False)
+                clock.lap()  # saving is not timed
+                live.probe.enabled = True
         dev.synchronize(live.resolution.device)
     except Exception as exc:
         _failed(live, exc)
         return
     finally:
         live.probe.enabled = False
-        wall = time.perf_counter() - start
-        live.timed_seconds += wall
-        live.cpu_seconds += metrics.process_cpu_seconds() - cpu0
-        live.timed_steps += frames
-    live.env_rates.append(frames / wall)
-    live.agent_rates.append(decisions / wall)
-    live.update_rates.append(updates / wall)
+        account()
+        live.timed_seconds += seg.seconds
+        live.cpu_seconds += seg.cpu_seconds
+        live.timed_steps += seg.frames
+    live.env_rates.append(seg.frames / seg.seconds)
+    live.agent_rates.append(seg.decisions / seg.seconds)
+    live.update_rates.append(seg.updates / seg.seconds)
+    live.segment = _Segment()
 
 
 def _latency_and_sentinels(live: _Live) -> None:
@@ -177,9 +280,19 @@ def _latency_and_sentinels(live: _Live) -> None:
     live.float64_ops, live.float64_site = wide.count, wide.first_site
 
 
+def _summed_over_ranks(per_rank: list[list[float]]) -> list[float]:
+    """Per-repeat rates of every rank added up (unchanged in a single process)."""
+    return [float(sum(values)) for values in zip(*per_rank)]
+
+
 def _result(live: _Live) -> RunResult:
+    """The run's result; under torchrun env and agent steps/sec are summed over the ranks, every
+    other metric is this rank's (updates are synchronised: each rank takes the same optimiser steps)."""
     cfg, trainer = live.resolution.config, live.trainer
-    rates = live.env_rates
+    env_rates_by_rank = distributed.gather(list(live.env_rates))  # every rank takes part
+    rates = _summed_over_ranks(env_rates_by_rank)
+    live.agent_rates = _summed_over_ranks(distributed.gather(list(live.agent_rates)))
+    live.timed_steps = sum(distributed.gather(live.timed_steps))
     measured = bool(rates)
     util = None
     if measured and live.resolution.device.type == "cpu" and live.timed_seconds > 0:
@@ -197,6 +310,8 @@ def _result(live: _Live) -> RunResult:
         "warmup_s": live.warmup_s,
         "mean_return_last_k": trainer.mean_recent_return() if trainer is not None else None,
     }
+    if len(env_rates_by_rank) > 1 and measured:
+        metrics_block["env_steps_per_sec_by_rank"] = [metrics.spread(r) for r in env_rates_by_rank]
     float64_ops = live.float64_ops
     nonfinite = trainer.nonfinite_events if trainer is not None else 0
     fallback = bool(trainer is not None and trainer.compile_fallback)
@@ -209,7 +324,8 @@ def _result(live: _Live) -> RunResult:
     return RunResult(
         preset=live.spec.preset, variant=live.spec.variant, algo=cfg.algo, status=status,
         started_at=live.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        git=git_info(), machine={**machine_info(live.resolution.device), "torch_threads": live.torch_threads},
+        git=git_info(), machine={**machine_info(live.resolution.device), "torch_threads": live.torch_threads,
+                                  "world_size": distributed.world_size()},
         config=to_plain_dict(cfg),
         metrics=metrics_block, stability=stability, resolution=dict(live.resolution.reasons),
         steps_completed=live.timed_steps, error=live.error,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .common import distributed
 from .common.config import ConfigError, TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, make_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
@@ -27,6 +28,7 @@ from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
 from .common.speedups import HostToDevice
 from .common.trainer import IterationResult, train_from_command_line
+from .common.trainer_state import Checkpointable
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -127,8 +129,10 @@ class PPOLossCoefs:
 
 # --------------------------------------------------------------------------- trainer
 
-class PPOTrainer:
-    """Build everything from a config; ``iterate()`` = one rollout + one update phase."""
+class PPOTrainer(Checkpointable):
+    """Build everything from a config; ``iterate()`` = one rollout + one update phase.
+
+    ``state_dict()`` between iterations needs no rollout storage: ``collect`` rewrites all of it."""
 
     algo = "ppo"
 
@@ -137,13 +141,15 @@ class PPOTrainer:
         self.config, self.device, self.reasons = res.config, res.device, res.reasons
         self.probe: Probe = probe or NullProbe()
         c, o = self.config, self.config.optimizations
-        torch.manual_seed(c.seed)
-        self.generator = torch.Generator(device=self.device).manual_seed(c.seed)
+        distributed.join(c.distributed, self.device)
+        seed = distributed.rank_seed(c.seed, c.env.num_envs)
+        torch.manual_seed(c.seed)  # the network starts alike on every rank
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
         self.envs = make_vector_env(c.env.id, c.env.num_envs, c.env.vectorization,
                                     action_repeat=c.env.action_repeat, env_kwargs=c.env.kwargs)
-        obs, _ = self.envs.reset(seed=c.seed)
-        self.envs.action_space.seed(c.seed)
+        obs, _ = self.envs.reset(seed=seed)
+        self.envs.action_space.seed(seed)
         self.num_envs = c.env.num_envs
         self.next_obs = obs
         self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
@@ -155,9 +161,9 @@ class PPOTrainer:
             self.action_high = action_space.high.astype(np.float32)
 
         # optimisations, each picking one path
-        self.forward = maybe_compile(self.model, o)
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
         self.learner = Learner(self.model, self._minibatch_loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps)
+        self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
         self.act = self._act_batched if o.batch_inference else self._act_per_env
 
@@ -187,6 +193,9 @@ class PPOTrainer:
     @loss_and_grads.setter
     def loss_and_grads(self, fn) -> None:  # noqa: ANN001
         self.learner.loss_and_grads = fn
+
+    def rng_generators(self) -> dict[str, torch.Generator]:
+        return {"sampling": self.generator}
 
     # ----------------------------------------------------------------- storage
     def _allocate_storage(self) -> None:

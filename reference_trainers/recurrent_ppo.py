@@ -16,11 +16,14 @@ rollout ``starts[t] = 1 - valid[t-1]``; only the first step's flags are kept.
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
+from .common.checkpoint import decode_array, encode_array
 from .common.networks import RecurrentActorCritic
 from .ppo import PPOTrainer, compute_gae, evaluate_actions, ppo_loss, sample_action
 
@@ -104,6 +107,16 @@ class RecurrentPPOTrainer(PPOTrainer):
         finally:
             self.state, self.starts = saved
 
+    # ----------------------------------------------------------------- checkpoints
+    def extra_state(self) -> dict[str, Any]:
+        """The hidden state of every sub-env and which of them open an episode next."""
+        return {**super().extra_state(), "hidden": self.state.detach().cpu(), "starts": encode_array(self.starts)}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self.state = state["hidden"].to(self.device)
+        self.starts = decode_array(state["starts"])
+
     # ----------------------------------------------------------------- collect and update
     def collect(self) -> tuple[int, int]:
         self.rollout_state = self.state.clone()
@@ -115,7 +128,7 @@ class RecurrentPPOTrainer(PPOTrainer):
                         starts: torch.Tensor, initial_state: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The PPO loss of a (T, M) block of M whole sub-env sequences, unrolled from their initial state."""
         with self.learner.autocast():
-            actor_out, new_value, _ = self.model(obs, initial_state, starts)
+            actor_out, new_value, _ = self.learner.train_model(obs, initial_state, starts)
         log_std = None if self.discrete else self.model.log_std
         flat = lambda x: x.flatten(0, 1)  # noqa: E731
         new_logprob, entropy = evaluate_actions(flat(actor_out), log_std, flat(actions))

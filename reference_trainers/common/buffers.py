@@ -9,12 +9,13 @@ sampler  ``UniformSampler``      ``torch.randint`` with the buffer's own generat
          ``PrioritizedSampler``  proportional PER (``per.py``)
 
 Both storages return identical minibatches for the same sampler state (the ``replay``
-flag is in the exact parity class): guarded by tests/test_buffers.py.
+flag is in the exact parity class): guarded by tests/test_buffers.py. Every part has
+``state_dict()`` / ``load_state_dict()`` (host tensors) for checkpoints.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -64,6 +65,24 @@ class ListStorage:
             else:
                 self.items[position] = item
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The stored transitions, field by field, in ring order (float32; actions int64)."""
+        if not self.items:
+            return {}
+        fields = list(zip(*self.items))
+        return {"obs": torch.from_numpy(np.stack(fields[0])), "actions": torch.tensor(fields[1], dtype=torch.int64),
+                "rewards": torch.tensor(fields[2], dtype=torch.float32),
+                "next_obs": torch.from_numpy(np.stack(fields[3])),
+                "bootstrap": torch.tensor(fields[4], dtype=torch.float32)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if not state:
+            self.items = []
+            return
+        obs, next_obs = state["obs"].numpy().copy(), state["next_obs"].numpy().copy()
+        self.items = [Transition(o, int(a), float(r), n, float(b)) for o, a, r, n, b in
+                      zip(obs, state["actions"].tolist(), state["rewards"].tolist(), next_obs, state["bootstrap"].tolist())]
+
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
         rows = [self.items[i] for i in indices.tolist()]
         obs = np.stack([r.obs for r in rows])
@@ -97,6 +116,12 @@ class TensorStorage:
         if first < len(batch):
             self.rows[:len(batch) - first] = rows[first:]
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rows": self.rows.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.rows.copy_(state["rows"])
+
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
         rows, d = self.rows[indices], self.obs_dim
         return (rows[:, :d], rows[:, 2 * d + 2].long(), rows[:, 2 * d], rows[:, d:2 * d], rows[:, 2 * d + 1])
@@ -117,10 +142,19 @@ class UniformSampler:
     def update(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
         """Uniform sampling keeps no priorities."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing but the generator, which its owner saves."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see ``state_dict``)."""
+
 
 class Storage(Protocol):
     def write(self, start: int, batch: TransitionBatch) -> None: ...
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 class ReplayBuffer:
@@ -152,6 +186,16 @@ class ReplayBuffer:
 
     def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
         self.sampler.update(indices, errors)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Ring position and fill, stored transitions and sampler state (priorities under PER)."""
+        return {"position": self.position, "size": self.size, "storage": self.storage.state_dict(),
+                "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position, self.size = int(state["position"]), int(state["size"])
+        self.storage.load_state_dict(state["storage"])
+        self.sampler.load_state_dict(state["sampler"])
 
 
 def make_replay(kind: str, capacity: int, obs_dim: int, device: torch.device, to_device: HostToDevice,

@@ -201,6 +201,17 @@ class StabilityConfig(_Section):
     nan_policy: Literal["raise", "skip_update", "warn"] = "raise"
 
 
+class DistributedConfig(_Section):
+    """Data-parallel training (DistributedDataParallel) over processes started by ``torchrun``."""
+
+    enabled: bool = False
+    """false: one process (plain); true: join torchrun's process group, average gradients over ranks."""
+    backend: Literal["gloo", "nccl", "auto"] = "auto"
+    """auto: NCCL on CUDA, gloo on CPU."""
+    timeout_s: int = Field(600, ge=1, le=86_400)
+    """How long a collective may wait for the other ranks before the run fails."""
+
+
 class RunConfig(_Section):
     """How the harness measures: budgets are in env steps (frames)."""
 
@@ -229,6 +240,7 @@ class TrainConfig(_Section):
     iqn: IQNConfig = Field(default_factory=IQNConfig)
     optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
     stability: StabilityConfig = Field(default_factory=StabilityConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="before")
@@ -249,7 +261,7 @@ class TrainConfig(_Section):
 
 
 ALGORITHM_SECTIONS = ("ppo", "dqn", "iqn")
-_SECTIONS = ("env", "model", *ALGORITHM_SECTIONS, "optimizations", "stability", "run")
+_SECTIONS = ("env", "model", *ALGORITHM_SECTIONS, "optimizations", "stability", "distributed", "run")
 
 # --------------------------------------------------------------------------- errors
 

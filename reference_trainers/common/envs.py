@@ -17,6 +17,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
@@ -353,6 +354,22 @@ class EpisodeTracker:
         self._lengths[ended] = 0
         self._resetting = ended
         return finished
+
+    def state_dict(self) -> dict[str, Any]:
+        """Running and recent episode statistics, as tensors and lists (checkpoints)."""
+        return {"returns": torch.from_numpy(self._returns.copy()), "lengths": torch.from_numpy(self._lengths.copy()),
+                "resetting": torch.from_numpy(self._resetting.copy()), "recent_returns": list(self._recent_returns),
+                "recent_lengths": list(self._recent_lengths), "completed": self._completed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._returns = state["returns"].numpy().copy()
+        self._lengths = state["lengths"].numpy().copy()
+        self._resetting = state["resetting"].numpy().copy()
+        self._recent_returns.clear()
+        self._recent_returns.extend(state["recent_returns"])
+        self._recent_lengths.clear()
+        self._recent_lengths.extend(state["recent_lengths"])
+        self._completed = int(state["completed"])
 
     @property
     def completed(self) -> int:

@@ -7,18 +7,21 @@ policy (``stability.nan_policy``). A trainer hands it a loss closure and calls `
 minibatch; the closure is compiled (``compile_train_step``) or captured in a CUDA graph
 (``cuda_graphs``) here, once for PPO, DQN and IQN alike. The model-side flag
 (``compile_model``) and the process-wide settings (precision, threads) live here too.
+Under ``distributed.enabled`` the model is wrapped in DistributedDataParallel here
+(``train_model``), so every trainer averages its gradients over the ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from . import device as dev
+from . import distributed
 from .config import OptimizationsConfig, TrainConfig
 from .resolve import amp_dtype
 from .speedups import CompiledOrEager, CudaGraphedStep, make_adam
@@ -62,14 +65,17 @@ class Learner:
     """Optimiser steps on ``model``'s parameters from a loss closure, with every update-side flag.
 
     Plain path: eager closure, for-loop Adam, float32, ``.item()`` per logged value. Each flag
-    swaps one piece (see the module docstring). Guarded by tests/test_learner.py and, through
-    the trainers, tests/test_ppo.py, tests/test_value_based.py.
+    swaps one piece (see the module docstring). ``train_model`` is the module a trainer's loss
+    must call: ``model`` itself, or its DDP wrapper under ``distributed.enabled``. Guarded by
+    tests/test_learner.py and, through the trainers, tests/test_ppo.py, tests/test_value_based.py,
+    tests/test_distributed.py.
     """
 
     def __init__(self, model: nn.Module, loss: LossFn, config: TrainConfig, device: torch.device,
                  learning_rate: float, adam_eps: float) -> None:
         o = config.optimizations
         self.model, self.loss, self.device = model, loss, device
+        self.train_model: nn.Module = distributed.wrap_model(model, device) if config.distributed.enabled else model
         self.nan_policy = config.stability.nan_policy
         self.max_grad_norm = config.stability.max_grad_norm
         self.amp, self.amp_dtype = bool(o.amp), amp_dtype(config)
@@ -144,6 +150,24 @@ class Learner:
             return True
         self.stats.add("nonfinite", (~finite).float())
         return True
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser and GradScaler state and the non-finite count (statistics are flushed between iterations)."""
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                "nonfinite_events": self.nonfinite_events}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        live_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group, live in zip(self.optimizer.param_groups, live_lrs):
+            if torch.is_tensor(live):  # cuda_graphs: keep the device tensor the graph reads, with the saved value
+                live.fill_(float(group["lr"]))
+                group["lr"] = live
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.nonfinite_events = int(state["nonfinite_events"])
+        self.graphed = None  # a captured graph holds the old optimiser tensors: capture again
 
     # ----------------------------------------------------------------- between steps
     def set_learning_rate(self, lr: float) -> None:

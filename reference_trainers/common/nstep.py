@@ -11,9 +11,10 @@ the reset observation: no real transition) are never written.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 
 class TransitionBatch(NamedTuple):
@@ -46,6 +47,13 @@ class OneStepWriter:
         bootstrap = np.where(terminated[keep], np.float32(0.0), self.gamma).astype(np.float32)
         return TransitionBatch(_float32(obs)[keep], np.asarray(actions, dtype=np.int64)[keep],
                                _float32(rewards)[keep], _float32(next_obs)[keep], bootstrap)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A one-step writer holds nothing between steps."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see ``state_dict``)."""
 
 
 class NStepWriter:
@@ -84,6 +92,14 @@ class NStepWriter:
         parts = [self._pop_oldest(np.flatnonzero(full), next_obs),
                  self._flush(np.flatnonzero(ended), next_obs, np.asarray(terminated))]
         return TransitionBatch(*(np.concatenate(fields) for fields in zip(*parts)))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The pending (not yet written) steps of every sub-env."""
+        return {name: torch.from_numpy(getattr(self, name).copy()) for name in ("obs", "actions", "rewards", "count")}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name in ("obs", "actions", "rewards", "count"):
+            getattr(self, name)[...] = state[name].numpy()
 
     def _pop_oldest(self, envs: np.ndarray, next_obs: np.ndarray) -> TransitionBatch:
         """Sub-envs holding n steps: emit the oldest with the full n-step return, then shift."""

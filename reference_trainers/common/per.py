@@ -57,6 +57,16 @@ class PrioritizedSampler:
         self._set(indices, priorities)
         torch.maximum(self.max_priority, priorities.max(), out=self.max_priority)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The sum and min trees and the largest priority (the generator is saved by its owner)."""
+        return {"sums": self.sums.cpu().clone(), "mins": self.mins.cpu().clone(),
+                "max_priority": self.max_priority.cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.sums.copy_(state["sums"])
+        self.mins.copy_(state["mins"])
+        self.max_priority.copy_(state["max_priority"])
+
     def probabilities(self, indices: torch.Tensor) -> torch.Tensor:
         """P(i) of the given ring positions."""
         return self.sums[indices + self.leaves] / self.sums[1]

@@ -12,6 +12,7 @@ import gymnasium as gym
 import torch
 
 from . import device as dev
+from . import distributed
 from .config import ConfigError, TrainConfig
 from .envs import EnvConfigError, check_env_id, resolve_vectorization, single_action_space
 
@@ -34,8 +35,13 @@ def resolve_config(config: TrainConfig) -> Resolution:
     """Resolve the device and every ``auto`` flag; ``ConfigError`` for anything not honourable."""
     device = dev.resolve_device(config.device)
     resolved = config.model_copy(deep=True)
-    resolved.device = str(device)
     reasons: dict[str, str] = {}
+    if resolved.distributed.backend == "auto":
+        resolved.distributed.backend = _pick(reasons, "distributed.backend", "nccl" if device.type == "cuda" else "gloo",
+                                             "NCCL on CUDA, gloo on CPU")
+    if resolved.distributed.enabled:
+        device = _resolve_distributed(resolved, device)
+    resolved.device = str(device)
     o = resolved.optimizations
     kind = device.type
     on_cuda = kind == "cuda"
@@ -88,8 +94,11 @@ def resolve_config(config: TrainConfig) -> Resolution:
     if o.compile_model == "auto":
         o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
     if o.compile_train_step == "auto":
-        o.compile_train_step = _pick(reasons, "optimizations.compile_train_step", on_cuda and not o.cuda_graphs,
-                                     "cuda_graphs captures the update instead" if o.cuda_graphs else "as compile_model")
+        o.compile_train_step = _pick(reasons, "optimizations.compile_train_step",
+                                     on_cuda and not o.cuda_graphs and not resolved.distributed.enabled,
+                                     "cuda_graphs captures the update instead" if o.cuda_graphs else
+                                     "DDP all-reduces inside backward, which a compiled step would break"
+                                     if resolved.distributed.enabled else "as compile_model")
     if o.compile_mode != "default" and not o.compile_model:
         raise ConfigError(f"optimizations.compile_mode: {o.compile_mode!r} has no effect unless compile_model is true; accepted: default")
 
@@ -135,6 +144,33 @@ def resolve_config(config: TrainConfig) -> Resolution:
     else:
         _resolve_ppo(resolved, reasons)
     return Resolution(resolved, device, reasons)
+
+
+def _resolve_distributed(config: TrainConfig, device: torch.device) -> torch.device:
+    """``distributed.enabled``: torchrun's environment, a backend for the device, one GPU per rank,
+    and no update-side flag that cannot run under DDP."""
+    d, o = config.distributed, config.optimizations
+    missing = distributed.missing_torchrun_variables()
+    if missing:
+        raise ConfigError(f"distributed.enabled: true needs the environment torchrun sets ({', '.join(missing)} missing); "
+                          "launch with 'torchrun --nproc-per-node N -m harness run ...', or set distributed.enabled=false")
+    if device.type == "mps":
+        raise ConfigError("distributed.enabled: DDP is not supported on mps; accepted devices with distributed: cpu, cuda")
+    if device.type == "cuda":
+        local = distributed.local_rank()
+        if device.index is not None and config.device != "auto" and ":" in config.device and device.index != local:
+            raise ConfigError(f"device: {config.device!r} under torchrun: each rank uses cuda:LOCAL_RANK "
+                              f"(cuda:{local} here); accepted with distributed: auto, cpu or cuda")
+        device = torch.device("cuda", local)
+    if d.backend == "nccl" and device.type != "cuda":
+        raise ConfigError(f"distributed.backend: 'nccl' needs CUDA, the resolved device is {device}; accepted here: gloo or auto")
+    if o.cuda_graphs is True:
+        raise ConfigError("optimizations.cuda_graphs: cannot capture DDP's gradient all-reduce; "
+                          "accepted with distributed.enabled: false or auto")
+    if o.compile_train_step is True:
+        raise ConfigError("optimizations.compile_train_step: DDP all-reduces gradients inside backward, which a compiled "
+                          "train step cannot contain; accepted with distributed.enabled: false or auto")
+    return device
 
 
 def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import distributed
 from .config import ConfigError, TrainConfig, build_config, read_yaml
 
 
@@ -49,10 +50,12 @@ def train_from_command_line(trainer_cls: Callable[[TrainConfig], Any], loss_key:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        while trainer.env_steps < args.steps:
+        while distributed.agreed_min(trainer.env_steps) < args.steps:
             trainer.iterate()
-            print(f"env_steps={trainer.env_steps} episodes={trainer.tracker.completed} "
-                  f"mean_return={trainer.mean_recent_return()} loss={trainer.last_stats.get(loss_key)}")
+            if distributed.is_main_process():  # under torchrun, rank 0 speaks for all
+                print(f"env_steps={trainer.env_steps} episodes={trainer.tracker.completed} "
+                      f"mean_return={trainer.mean_recent_return()} loss={trainer.last_stats.get(loss_key)}")
     finally:
         trainer.close()
+        distributed.teardown()
     return 0

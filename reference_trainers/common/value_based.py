@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import abc
 import copy
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from . import distributed
 from .buffers import Sample, make_replay
+from .trainer_state import Checkpointable
 from .config import TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, make_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
@@ -37,12 +40,16 @@ def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> fl
     return start + min(1.0, agent_steps / steps) * (end - start)
 
 
-class ValueTrainer(abc.ABC):
+class ValueTrainer(Checkpointable):
     """Build envs, online and target networks, learner, replay and writer; ``iterate()`` runs
     ``log_interval`` agent steps with their updates. Subclasses define ``algo``,
-    ``build_network``, ``q_values``, ``train_batch`` and ``loss``."""
+    ``build_network``, ``q_values``, ``train_batch`` and ``loss``.
+
+    Under ``distributed.enabled`` each rank keeps its own replay buffer and writer; DDP
+    averages the gradients, so the networks stay identical on every rank."""
 
     algo = ""
+    COUNTERS = ("env_steps", "agent_steps", "vector_steps", "updates", "iterations")
 
     def __init__(self, config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> None:
         res = resolution or resolve_config(config)
@@ -50,8 +57,10 @@ class ValueTrainer(abc.ABC):
         self.probe: Probe = probe or NullProbe()
         c, o = self.config, self.config.optimizations
         self.hp: ValueConfig = getattr(c, self.algo)
-        torch.manual_seed(c.seed)
-        generator = lambda offset: torch.Generator(device=self.device).manual_seed(c.seed + offset)  # noqa: E731
+        distributed.join(c.distributed, self.device)
+        seed = distributed.rank_seed(c.seed, c.env.num_envs)
+        torch.manual_seed(c.seed)  # the network starts alike on every rank
+        generator = lambda offset: torch.Generator(device=self.device).manual_seed(seed + offset)  # noqa: E731
         self.explore_generator = generator(0)  # epsilon draws
         self.action_generator = generator(1)   # random actions
         self.tau_generator = generator(2)      # IQN: fractions for acting
@@ -59,8 +68,8 @@ class ValueTrainer(abc.ABC):
 
         self.envs = make_vector_env(c.env.id, c.env.num_envs, c.env.vectorization,
                                     action_repeat=c.env.action_repeat, env_kwargs=c.env.kwargs)
-        obs, _ = self.envs.reset(seed=c.seed)
-        self.envs.action_space.seed(c.seed)
+        obs, _ = self.envs.reset(seed=seed)
+        self.envs.action_space.seed(seed)
         self.num_envs = c.env.num_envs
         self.next_obs = obs
         self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
@@ -69,18 +78,20 @@ class ValueTrainer(abc.ABC):
         self.target = copy.deepcopy(self.model).requires_grad_(False)
 
         # optimisations, each picking one path
-        self.forward = maybe_compile(self.model, o)
+        self.learner = Learner(self.model, self.loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps)
+        self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
-        self.learner = Learner(self.model, self.loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps)
+        self.replay_generator = generator(4)
         self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
-                                  generator(4), self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps)
+                                  self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps)
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, (self.obs_dim,))
         self.act = self._act_batched if o.batch_inference else self._act_per_env
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
         self.env_steps = self.agent_steps = self.vector_steps = self.updates = self.iterations = 0
+        self.replay_ready = False  # every rank holds batch_size transitions (never false again once true)
         self.last_stats: dict[str, float] = {}
 
     # ----------------------------------------------------------------- the algorithm's part
@@ -99,6 +110,22 @@ class ValueTrainer(abc.ABC):
     @abc.abstractmethod
     def loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss and stats; ``stats['priority']`` (per sample) feeds prioritized replay."""
+
+    # ----------------------------------------------------------------- checkpoints
+    def rng_generators(self) -> dict[str, torch.Generator]:
+        return {"explore": self.explore_generator, "action": self.action_generator, "tau": self.tau_generator,
+                "update": self.update_generator, "replay": self.replay_generator}
+
+    def extra_state(self) -> dict[str, Any]:
+        """Target network, replay contents (and PER priorities), the n-step writer's pending steps."""
+        return {"target": self.target.state_dict(), "replay": self.replay.state_dict(),
+                "writer": self.writer.state_dict(), "replay_ready": self.replay_ready}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.target.load_state_dict(state["target"])
+        self.replay.load_state_dict(state["replay"])
+        self.writer.load_state_dict(state["writer"])
+        self.replay_ready = bool(state["replay_ready"])
 
     # ----------------------------------------------------------------- acting
     def epsilon(self) -> float:
@@ -168,7 +195,9 @@ class ValueTrainer(abc.ABC):
         hp = self.hp
         if self.vector_steps % hp.train_frequency or self.agent_steps < hp.learning_starts:
             return 0
-        return hp.gradient_steps if len(self.replay) >= hp.batch_size else 0
+        if not self.replay_ready:  # agreed over the ranks, so that all of them update together
+            self.replay_ready = distributed.agreed_min(len(self.replay)) >= hp.batch_size
+        return hp.gradient_steps if self.replay_ready else 0
 
     def _beta(self) -> float:
         hp = self.hp
