@@ -59,6 +59,8 @@ CASES = [
     ("dqn", "env.vectorization=serial", "dqn.n_step=3", "dqn.double_q=true"),
     ("iqn",),
     ("iqn", "optimizations.replay=tensor", "iqn.prioritized_replay=true", "env.id=Acrobot-v1"),
+    ("ppo", "model.recurrent=lstm", "model.recurrent_size=8", "env.id=CartPoleNoVel-v1"),
+    ("ppo", "model.recurrent=gru", "model.recurrent_size=8", "optimizations.batch_inference=true"),
 ]
 
 

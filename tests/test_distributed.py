@@ -31,6 +31,7 @@ def free_port() -> int:
 
 DQN_EXTRA = ["dqn.prioritized_replay=true", "dqn.n_step=2"]
 JOBS = {"ppo": ("ppo", 3, []), "dqn": ("dqn", 3, DQN_EXTRA), "iqn": ("iqn", 3, ["optimizations.replay=tensor"]),
+        "ppo-lstm": ("ppo", 3, ["model.recurrent=lstm", "model.recurrent_size=8", "env.id=CartPoleNoVel-v1"]),
         "ppo resumed": ("ppo", 3, [], 1), "dqn resumed": ("dqn", 3, DQN_EXTRA, 2)}
 
 
@@ -44,7 +45,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]
     return {algo: [reports[0][i], reports[1][i]] for i, algo in enumerate(JOBS)}
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn", "iqn"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "iqn", "ppo-lstm"])
 def test_two_ranks_keep_identical_parameters_while_stepping_different_envs(
         algo: str, two_ranks: dict[str, list[dict]]) -> None:
     ranks = two_ranks[algo]
