@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 a check failed (an unstable or failed run, a failed gat
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -34,12 +35,13 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see '{self.prog} --help')")
 
 
-def _run_options(parser: argparse.ArgumentParser) -> None:
+def _run_options(parser: argparse.ArgumentParser, steps_default: str = "the preset's",
+                 repeats_default: str = "the preset's") -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optimizations.amp=true (repeatable)")
     parser.add_argument("--device", help="auto | cpu | cuda[:N] | mps (default: the preset's, usually auto)")
-    parser.add_argument("--steps", type=int, help="timed env-step budget of each repeat")
-    parser.add_argument("--repeats", type=int, help="timed repeats per variant (median/min/max)")
+    parser.add_argument("--steps", type=int, help=f"timed env-step budget of each repeat (default: {steps_default})")
+    parser.add_argument("--repeats", type=int, help=f"timed repeats per variant, median/min/max (default: {repeats_default})")
     parser.add_argument("--seed", type=int, help="random seed")
 
 
@@ -83,7 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--milestone", required=True, metavar="NAME", help="the milestone the rows belong to")
     record.add_argument("--runs-md", type=Path, default=Path("RUNS.md"), metavar="PATH",
                         help="the file to append to (default: RUNS.md in the current folder)")
+    analysis_parsers(sub)
     return parser
+
+
+def analysis_parsers(sub: argparse._SubParsersAction) -> None:
+    """ablate, sweep, diagnose, matrix: the analysis commands (each takes the run options)."""
+    ablate = sub.add_parser("ablate", help="attribute the speedup to each optimisation flag (all arms interleaved)")
+    ablate.add_argument("target", metavar="PRESET|FILE.yaml")
+    ablate.add_argument("--flags", metavar="a,b,...", help="only these flags (default: every flag the variants differ in)")
+    ablate.add_argument("--expect", metavar="FLAG=1.5x,...", help="expected speedup of flags alone, shown beside the measured one")
+    _run_options(ablate, steps_default="8192 for ablate", repeats_default="5 for ablate")
+    ablate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: ablation-PRESET/)")
+    ablate.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -258,8 +272,55 @@ def cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
+    return (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
+
+
+def _with_defaults(args: argparse.Namespace, **defaults: object) -> list[str]:
+    """``_overrides`` preceded by command defaults (``run.steps=...``) that the user's options override."""
+    return [f"{key}={value}" for key, value in defaults.items()] + _overrides(args)
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from . import ablate
+    from .plots import ablation_chart
+    from .results import check_output_dir, write_text_atomic
+    from .runner import run_variants
+
+    overrides = _with_defaults(args, **{"run.steps": ablate.ABLATE_DEFAULT_STEPS, "run.repeats": 5})
+    only = [name for name in args.flags.split(",") if name.strip()] if args.flags is not None else None
+    if only is not None and not only:
+        raise UserError("--flags: give at least one flag name, e.g. --flags batch_inference,torch_threads")
+    plan = ablate.plan_ablation(args.target, overrides, only)
+    expected = ablate.parse_expectations(args.expect, plan)
+    out = check_output_dir(args.out or Path(f"ablation-{plan.preset}"))
+    specs = ablate.arm_specs(plan, args.target, overrides)
+    say = _say(args)
+    say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
+        + ", ".join(spec.variant for spec in specs))
+    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    save_results(out / "runs.json", runs)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    effects = ablate.flag_effects(plan, runs, expected)
+    print(ablate.markdown_table(plan, runs, effects))
+    write_text_atomic(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
+    ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
+                   [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
+    say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
+    return _status_code(runs)
+
+
+def _status_code(runs: list) -> int:
+    bad = [r for r in runs if r.status != "ok"]
+    for result in bad:
+        print(f"rlgauge: {result.variant} run is {result.status}: {result.error or result.stability}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
-            "gate": cmd_gate, "record": cmd_record}
+            "gate": cmd_gate, "record": cmd_record, "ablate": cmd_ablate}
 
 
 def main(argv: list[str] | None = None) -> int:

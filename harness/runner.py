@@ -1,7 +1,8 @@
 """Run configs -> RunResults: warm-up, interleaved timed repeats, latency, sentinel check.
 
-Several variants measured together are interleaved repeat by repeat (alternating order),
-so machine drift hits every variant alike and their ratio is robust on a noisy machine.
+Several variants measured together are interleaved repeat by repeat (the order rotated by
+one each round, so each variant takes every slot in turn), so machine drift hits every
+variant alike and their ratios are robust on a noisy machine.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class VariantSpec:
     preset: str
     variant: str
     config: TrainConfig
+    build: Callable[..., object] | None = None
+    """Trainer factory ``build(resolution, probe=...)``; None = the reference trainer of ``config.algo``."""
 
 
 @dataclass
@@ -69,6 +72,12 @@ def resolve_specs(specs: list[VariantSpec]) -> list[Resolution]:
     return [resolve_config(spec.config) for spec in specs]
 
 
+def rotated(items: list, round_index: int) -> list:
+    """``items`` rotated left by ``round_index`` (two items: alternating order)."""
+    shift = round_index % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
 def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                  say: Callable[[str], None] = print) -> tuple[list[RunResult], bool]:
     """Measure each spec; returns (results, interrupted)."""
@@ -85,7 +94,7 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                 _warm_up(live, progress)
             rounds = max(l.resolution.config.run.repeats for l in lives)
             for r in range(rounds):
-                order = lives if r % 2 == 0 else lives[::-1]
+                order = rotated(lives, r)
                 for live in order:
                     if r < live.resolution.config.run.repeats and live.status == "ok":
                         _timed_segment(live, progress)
@@ -110,7 +119,7 @@ def _warm_up(live: _Live, progress: RunProgress) -> None:
     budget = live.resolution.config.run.warmup_steps
     progress.describe(f"{live.spec.variant} warm-up")
     try:
-        live.trainer = build_trainer(live.resolution, probe=live.probe)
+        live.trainer = (live.spec.build or build_trainer)(live.resolution, probe=live.probe)
         live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.DEFAULT_THREADS
         dev.reset_peak_memory(live.resolution.device)
         while True:
