@@ -99,6 +99,15 @@ def analysis_parsers(sub: argparse._SubParsersAction) -> None:
     ablate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: ablation-PRESET/)")
     ablate.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
 
+    sweep = sub.add_parser("sweep", help="throughput across values of a config key (two --param: a grid), interleaved")
+    sweep.add_argument("target", metavar="PRESET|FILE.yaml")
+    sweep.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="a dotted config key and its values, each parsed like --set; a second --param makes a grid")
+    sweep.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant swept (default: optimized)")
+    _run_options(sweep, steps_default="8192 for sweep")
+    sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` values plus the run options, which are shorthands for config keys."""
@@ -312,6 +321,33 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return _status_code(runs)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from . import sweep
+    from .plots import line_chart
+    from .results import check_output_dir, write_text_atomic
+    from .runner import run_variants
+
+    params = [sweep.parse_param(text) for text in args.params]
+    overrides = _with_defaults(args, **{"run.steps": sweep.SWEEP_DEFAULT_STEPS})
+    specs = sweep.sweep_specs(args.target, args.variant, params, overrides)
+    preset = specs[0].preset
+    out = check_output_dir(args.out or Path(f"sweep-{preset}"))
+    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {specs[0].config.device}")
+    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    save_results(out / "runs.json", runs)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    points = sweep.points(params, runs)
+    device = runs[0].config["device"]
+    title = f"Sweep: {preset} ({args.variant}) on {device}"
+    print(sweep.markdown_table(title, params, points))
+    write_text_atomic(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
+    line_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
+    _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
+    return _status_code(runs)
+
+
 def _status_code(runs: list) -> int:
     bad = [r for r in runs if r.status != "ok"]
     for result in bad:
@@ -320,7 +356,8 @@ def _status_code(runs: list) -> int:
 
 
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
-            "gate": cmd_gate, "record": cmd_record, "ablate": cmd_ablate}
+            "gate": cmd_gate, "record": cmd_record, "ablate": cmd_ablate,
+            "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
