@@ -23,6 +23,7 @@ from .errors import UserError
 from .presets import VARIANTS, list_presets, specs_for
 from .compare import Pair, comparison_table
 from .report import results_table
+from .runner import resolve_specs
 from .results import check_writable, load_results, save_results
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -108,6 +109,15 @@ def analysis_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice")
+    diagnose.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
+                          help="what to profile (default: ppo-cartpole)")
+    diagnose.add_argument("--variant", choices=VARIANTS, default="baseline",
+                          help="the variant profiled (default: baseline, the plain paths)")
+    _run_options(diagnose, steps_default="4096 for diagnose", repeats_default="1 for diagnose")
+    diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
+
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` values plus the run options, which are shorthands for config keys."""
@@ -142,8 +152,6 @@ def _console() -> Console:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import resolve_specs
-
     specs = specs_for(args.target, args.variant, _overrides(args))
     resolve_specs(specs)  # every flag checked before anything runs
     if args.out is not None:
@@ -231,7 +239,6 @@ def _gate_files_mode(args: argparse.Namespace) -> bool:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from .gate import checks_table, failed, gate_files, gate_variants, load_thresholds
-    from .runner import resolve_specs
 
     files_mode = _gate_files_mode(args)
     thresholds = load_thresholds(args.thresholds).with_overrides(
@@ -348,6 +355,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return _status_code(runs)
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from . import diagnose
+    from .environment import environment_lines, environment_report
+    from .runner import run_variants
+
+    overrides = _with_defaults(args, **{"run.steps": diagnose.DIAGNOSE_DEFAULT_STEPS, "run.repeats": 1})
+    (spec,) = specs_for(args.target, args.variant, overrides)
+    (resolution,) = resolve_specs([spec])
+    text = not args.json
+    env_report = environment_report(compile_device=resolution.device.type, check_compile=not args.no_compile_check)
+    if text:
+        print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
+    runs, interrupted = run_variants([spec], show_progress=text and sys.stderr.isatty(), say=lambda _t: None)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    run = runs[0]
+    if run.status == "failed":
+        raise UserError(f"diagnose {args.target}: the profiled run failed: {run.error}")
+    ceiling = diagnose.env_ceiling(resolution.config, resolution.config.run.steps)
+    compiled = env_report.get("torch_compile")
+    result = diagnose.diagnosis(run, ceiling, None if compiled is None else compiled["works"])
+    if args.json:
+        print(json.dumps({"environment": env_report, "diagnosis": result}, indent=2))
+    else:
+        print("\n## Diagnosis\n" + "\n".join(diagnose.diagnosis_lines(result)))
+    return _status_code(runs)
+
+
 def _status_code(runs: list) -> int:
     bad = [r for r in runs if r.status != "ok"]
     for result in bad:
@@ -357,7 +392,7 @@ def _status_code(runs: list) -> int:
 
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
             "gate": cmd_gate, "record": cmd_record, "ablate": cmd_ablate,
-            "sweep": cmd_sweep}
+            "sweep": cmd_sweep, "diagnose": cmd_diagnose}
 
 
 def main(argv: list[str] | None = None) -> int:
