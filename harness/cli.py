@@ -118,6 +118,12 @@ def analysis_parsers(sub: argparse._SubParsersAction) -> None:
     diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
 
+    matrix = sub.add_parser("matrix", help="every preset, both variants: one Markdown + HTML report with charts")
+    matrix.add_argument("--presets", metavar="a,b,...", help="only these presets (default: all)")
+    _run_options(matrix, steps_default="8192 for matrix")
+    matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
+    matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
+
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` values plus the run options, which are shorthands for config keys."""
@@ -383,6 +389,29 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return _status_code(runs)
 
 
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from . import matrix
+    from .results import check_output_dir
+
+    names = None if args.presets is None else [n.strip() for n in args.presets.split(",") if n.strip()]
+    if names is not None and not names:
+        raise UserError("--presets: give at least one preset name (see 'rlgauge presets')")
+    overrides = _with_defaults(args, **{"run.steps": matrix.MATRIX_DEFAULT_STEPS})
+    plan = matrix.matrix_specs(names, overrides)
+    out = check_output_dir(args.out or Path("rlgauge-matrix"))
+    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args))
+    runs = [run for row in rows for run in row.runs]
+    save_results(out / "runs.json", runs)
+    matrix.write_report(out, rows)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial report written to {out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(matrix.report_markdown(rows, charts=False))
+    _say(args)(f"report written to {out}/ (report.md, report.html, {matrix.SPEEDUP_CHART}, "
+               f"{matrix.THROUGHPUT_CHART}, runs.json)")
+    return _status_code(runs)
+
+
 def _status_code(runs: list) -> int:
     bad = [r for r in runs if r.status != "ok"]
     for result in bad:
@@ -392,7 +421,8 @@ def _status_code(runs: list) -> int:
 
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
             "gate": cmd_gate, "record": cmd_record, "ablate": cmd_ablate,
-            "sweep": cmd_sweep, "diagnose": cmd_diagnose}
+            "sweep": cmd_sweep, "diagnose": cmd_diagnose,
+            "matrix": cmd_matrix}
 
 
 def main(argv: list[str] | None = None) -> int:
