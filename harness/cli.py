@@ -23,7 +23,7 @@ from .errors import UserError
 from .presets import VARIANTS, list_presets, specs_for
 from .compare import Pair, comparison_table
 from .report import results_table
-from .runner import resolve_specs
+from .runner import VariantSpec, resolve_specs
 from .results import check_writable, load_results, save_results
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(run)
     run.add_argument("--out", type=Path, metavar="RESULT.json", help="write the results here (atomically)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
+    run.add_argument("--peer", metavar="NAME", help="also measure a peer library on matched settings, interleaved "
+                     "(sb3: Stable-Baselines3 PPO/DQN; needs pip install 'rlgauge[peers]')")
 
     sub.add_parser("presets", help="list the shipped presets")
 
@@ -160,9 +162,15 @@ def _console() -> Console:
 def cmd_run(args: argparse.Namespace) -> int:
     specs = specs_for(args.target, args.variant, _overrides(args))
     resolve_specs(specs)  # every flag checked before anything runs
+    if args.peer is not None:
+        specs.append(_peer_spec(args))
     if args.out is not None:
         check_writable(args.out)
     results, interrupted = _measure(specs, args)
+    if args.peer is not None and not interrupted:
+        from .peers.tables import peer_table
+
+        _console().print(peer_table(results, args.peer))
     if interrupted:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.status != "ok"]
@@ -170,6 +178,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         detail = result.error or f"float64_ops={result.stability['float64_ops']} nonfinite_events={result.stability['nonfinite_events']}"
         print(f"rlgauge: {result.variant} run is {result.status}: {detail}", file=sys.stderr)
     return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
+def _peer_spec(args: argparse.Namespace) -> VariantSpec:
+    """The peer's spec, matched from the baseline variant's config; prints the matching table."""
+    from .peers import load_peer
+    from .peers.tables import matching_table
+
+    peer = load_peer(args.peer)
+    base = specs_for(args.target, "baseline", _overrides(args))[0]
+    rows = peer.matching(resolve_config(base.config).config)
+    _console().print(matching_table(args.peer, rows))
+    return VariantSpec(base.preset, args.peer, base.config, build=peer.build)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

@@ -83,7 +83,11 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     """Measure each spec; returns (results, interrupted)."""
     lives = [_Live(spec, res) for spec, res in zip(specs, resolve_specs(specs))]
     for live in lives:
-        say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
+        if live.spec.build is None:
+            say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
+        else:
+            say(f"{live.spec.variant}: peer trainer, matched from the {live.resolution.config.env.id} config; "
+                f"process settings: threads={live.resolution.config.optimizations.torch_threads or 'default'}")
     total = sum(l.resolution.config.run.warmup_steps + l.resolution.config.run.repeats * l.resolution.config.run.steps
                 for l in lives)
     interrupted = False
