@@ -183,13 +183,16 @@ class FlagEffect:
     @property
     def significant(self) -> bool:
         """True when the interval of the in-stack contribution excludes 1.0 (its effect is not noise)."""
-        return verdict(self.in_stack) != "within noise"
+        return verdict(self.in_stack) in ("helps", "hurts")
 
 
 def verdict(ratio: Ratio | None) -> str:
-    """'helps' / 'hurts' when the interval excludes 1.0, else 'within noise' ('n/a' when not measured)."""
+    """'helps' / 'hurts' when the interval excludes 1.0, else 'within noise' ('n/a' when not measured;
+    no verdict from a single repeat)."""
     if ratio is None:
         return "n/a"
+    if ratio.n < 2:
+        return "no interval (one repeat)"
     if ratio.low > 1.0:
         return "helps"
     return "hurts" if ratio.high < 1.0 else "within noise"

@@ -100,6 +100,7 @@ def test_verdict_says_hurts_when_the_interval_is_below_one() -> None:
     assert verdict(Ratio(1.2, 1.1, 1.3, "paired", 5)) == "helps"
     assert verdict(Ratio(1.0, 0.9, 1.3, "paired", 5)) == "within noise"
     assert verdict(None) == "n/a"
+    assert verdict(Ratio(1.5, 1.5, 1.5, "paired", 1)) == "no interval (one repeat)"
 
 
 def test_rotation_puts_every_arm_in_every_slot() -> None:
