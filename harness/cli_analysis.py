@@ -104,14 +104,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     specs = sweep.sweep_specs(args.target, args.variant, params, overrides)
     preset = specs[0].preset
     out = check_output_dir(args.out or Path(f"sweep-{preset}"))
-    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {specs[0].config.device}")
+    device = resolve_specs(specs[:1])[0].device
+    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
     runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
     save_results(out / "runs.json", runs)
     if interrupted:
         print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     points = sweep.points(params, runs)
-    device = runs[0].config["device"]
     title = f"Sweep: {preset} ({args.variant}) on {device}"
     print(sweep.markdown_table(title, params, points))
     write_text_atomic(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
