@@ -162,7 +162,7 @@ def diagnosis(run: RunResult, ceiling: float | None, compile_works: bool | None)
         "env_steps_per_sec": rate, "phase_pct": {k: round(v, 1) for k, v in facts.shares.items()},
         "host_syncs_per_step": facts.syncs_per_step, "device_utilization_pct": facts.utilization_pct,
         "env_ceiling_steps_per_sec": ceiling,
-        "fraction_of_ceiling": None if facts.ceiling_fraction is None else round(facts.ceiling_fraction, 3),
+        "fraction_of_ceiling": facts.ceiling_fraction,
         "advice": advise(facts),
     }
 
