@@ -18,15 +18,16 @@ from rich.console import Console
 from reference_trainers.common import distributed
 from reference_trainers.common.config import ConfigError, to_plain_dict
 
+from . import cli_analysis as analysis
 from .checkpoints import Checkpointing
+from .cli_options import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from .errors import UserError
 from .interrupts import stop_on_signals
-from .presets import VARIANTS, list_presets, specs_for
+from .presets import VARIANTS, VariantSpec, list_presets, specs_for
 from .compare import Pair, comparison_table
 from .report import results_table
 from .results import check_writable, load_results, save_results
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,15 +37,6 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see '{self.prog} --help')")
 
 
-def _run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set optimizations.amp=true (repeatable)")
-    parser.add_argument("--device", help="auto | cpu | cuda[:N] | mps (default: the preset's, usually auto)")
-    parser.add_argument("--steps", type=int, help="timed env-step budget of each repeat")
-    parser.add_argument("--repeats", type=int, help="timed repeats per variant (median/min/max)")
-    parser.add_argument("--seed", type=int, help="random seed")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlgauge", description="Benchmark harness for the speed of RL training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -52,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="measure a preset's variants (baseline vs optimized) or a config file")
     run.add_argument("target", metavar="PRESET|FILE.yaml")
     run.add_argument("--variant", choices=[*VARIANTS, "both"], default="both")
-    _run_options(run)
+    run_options(run)
     run.add_argument("--out", type=Path, metavar="RESULT.json", help="write the results here (atomically)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
     run.add_argument("--checkpoint-every", type=int, metavar="N",
@@ -61,13 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where checkpoints go (default: checkpoints/ beside --out, or in the current folder)")
     run.add_argument("--resume", type=Path, metavar="PATH",
                      help="continue from a checkpoint file (or the folder holding it) of the same preset and config")
+    run.add_argument("--peer", metavar="NAME", help="also measure a peer library on matched settings, interleaved "
+                     "(sb3: Stable-Baselines3 PPO/DQN; needs pip install 'rlgauge[peers]')")
 
     sub.add_parser("presets", help="list the shipped presets")
 
     config = sub.add_parser("config", help="print the resolved config (every flag with its resolved value)")
     config.add_argument("target", metavar="PRESET|FILE.yaml")
     config.add_argument("--variant", choices=[*VARIANTS, "both"], default="both")
-    _run_options(config)
+    run_options(config)
 
     compare = sub.add_parser("compare", help="two result files side by side (or a file's variants), ratios with CIs")
     compare.add_argument("files", nargs="+", type=Path, metavar="RESULT.json", help="A.json B.json, or one file")
@@ -79,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--max-slowdown", type=float, metavar="PCT", help="tolerated throughput loss in %% (with --baseline)")
     gate.add_argument("--run", metavar="PRESET|FILE.yaml", help="measure both variants interleaved in this process")
     gate.add_argument("--min-speedup", type=float, metavar="X", help="minimum optimized/baseline speedup (with --run)")
-    _run_options(gate)
+    run_options(gate)
     gate.add_argument("--out", type=Path, metavar="RESULT.json", help="with --run: write the measured results here")
     gate.add_argument("--quiet", action="store_true", help="with --run: no progress bar or optimisation summary")
     gate.add_argument("--confidence", type=float, help="level of the bootstrap intervals")
@@ -91,17 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--milestone", required=True, metavar="NAME", help="the milestone the rows belong to")
     record.add_argument("--runs-md", type=Path, default=Path("RUNS.md"), metavar="PATH",
                         help="the file to append to (default: RUNS.md in the current folder)")
+    analysis.add_parsers(sub)
     return parser
-
-
-def _overrides(args: argparse.Namespace) -> list[str]:
-    """``--set`` values plus the run options, which are shorthands for config keys."""
-    extra = list(args.overrides)
-    for option, key in (("device", "device"), ("steps", "run.steps"), ("repeats", "run.repeats"), ("seed", "seed")):
-        value = getattr(args, option)
-        if value is not None:
-            extra.append(f"{key}={value}")
-    return extra
 
 
 def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing | None = None) -> tuple[list, bool]:
@@ -175,17 +160,29 @@ def _checkpointing(args: argparse.Namespace, specs: list, resolutions: list) -> 
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import resolve_specs
 
-    specs = specs_for(args.target, args.variant, _overrides(args))
+    specs = specs_for(args.target, args.variant, user_overrides(args))
     resolutions = resolve_specs(specs)  # every flag checked before anything runs
+    if args.peer is not None:
+        if args.checkpoint_every is not None or args.resume is not None:
+            raise UserError("--peer: a peer library's trainer has no checkpoints; accepted: --peer without "
+                            "--checkpoint-every and --resume")
+        if any(r.config.distributed.enabled for r in resolutions):
+            raise UserError("--peer: the peer trains in one process; accepted: --peer without distributed.enabled")
     _join_process_group(resolutions)
     main_process = distributed.is_main_process()
     try:
         checkpointing = _checkpointing(args, specs, resolutions)
+        if args.peer is not None:
+            specs.append(_peer_spec(args))
         if args.out is not None and main_process:
             check_writable(args.out)
         results, interrupted = _measure(specs, args, checkpointing)
     finally:
         distributed.teardown()
+    if args.peer is not None and not interrupted:
+        from .peers.tables import peer_table
+
+        _console().print(peer_table(results, args.peer))
     if interrupted:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.status != "ok"]
@@ -193,6 +190,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         detail = result.error or f"float64_ops={result.stability['float64_ops']} nonfinite_events={result.stability['nonfinite_events']}"
         print(f"rlgauge: {result.variant} run is {result.status}: {detail}", file=sys.stderr)
     return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
+def _peer_spec(args: argparse.Namespace) -> VariantSpec:
+    """The peer's spec, matched from the baseline variant's config; prints the matching table."""
+    from reference_trainers.common.resolve import resolve_config
+
+    from .peers import load_peer
+    from .peers.tables import matching_table
+
+    peer = load_peer(args.peer)
+    base = specs_for(args.target, "baseline", user_overrides(args))[0]
+    rows = peer.matching(resolve_config(base.config).config)
+    _console().print(matching_table(args.peer, rows))
+    return VariantSpec(base.preset, args.peer, base.config, build=peer.build)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -205,7 +216,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     from reference_trainers.common.resolve import resolve_config
 
     documents = []
-    for spec in specs_for(args.target, args.variant, _overrides(args)):
+    for spec in specs_for(args.target, args.variant, user_overrides(args)):
         resolution = resolve_config(spec.config)
         header = f"# {spec.preset} / {spec.variant}\n"
         reasons = "".join(f"# {key}: auto -> {why}\n" for key, why in resolution.reasons.items())
@@ -270,7 +281,6 @@ def _gate_files_mode(args: argparse.Namespace) -> bool:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from .gate import checks_table, failed, gate_files, gate_variants, load_thresholds
-    from .runner import resolve_specs
 
     files_mode = _gate_files_mode(args)
     thresholds = load_thresholds(args.thresholds).with_overrides(
@@ -282,7 +292,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
         checks, pairs = gate_files(base_runs, cand_runs, thresholds)
         title = f"gate: {args.candidate} against {args.baseline}"
     else:
-        specs = specs_for(args.run, "both", _overrides(args))
+        from .runner import resolve_specs
+
+        specs = specs_for(args.run, "both", user_overrides(args))
         if len(specs) < 2:
             raise UserError(f"gate --run {args.run}: needs a preset with a baseline and an optimized variant")
         resolve_specs(specs)
@@ -321,7 +333,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
-            "gate": cmd_gate, "record": cmd_record}
+            "gate": cmd_gate, "record": cmd_record, **analysis.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

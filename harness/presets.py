@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reference_trainers.common.config import ConfigError, TrainConfig, build_config, deep_merge, read_yaml
 
@@ -27,6 +27,8 @@ class VariantSpec:
     preset: str
     variant: str
     config: TrainConfig
+    build: Callable[..., object] | None = None
+    """Trainer factory ``build(resolution, probe=...)``; None = the reference trainer of ``config.algo``."""
 
 
 @dataclass(frozen=True)

@@ -139,13 +139,18 @@ def _shape_problem(exc: ValidationError) -> str:
 
 def save_results(path: Path, runs: list[RunResult]) -> None:
     """Write ``{"schema_version", "runs"}`` atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
     payload = json.dumps({"schema_version": SCHEMA_VERSION, "runs": [r.to_dict() for r in runs]}, indent=2)
+    write_text_atomic(path, payload + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` through a temporary file in the same folder, then rename (never half a file)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload + "\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -190,3 +195,18 @@ def check_writable(path: Path) -> None:
         raise UserError(f"--out {path}: cannot create files in {existing} ({exc.strerror})") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def check_output_dir(path: Path, option: str = "--out") -> Path:
+    """Create the output folder ``path`` (or accept an existing one) and check files can be written there."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {path}: is a file; give a folder for the outputs")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".rlgauge-write-check.", dir=path)
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot create files there ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path

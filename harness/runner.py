@@ -1,7 +1,8 @@
 """Run configs -> RunResults: warm-up, interleaved timed repeats, latency, sentinel check.
 
-Several variants measured together are interleaved repeat by repeat (alternating order),
-so machine drift hits every variant alike and their ratio is robust on a noisy machine.
+Several variants measured together are interleaved repeat by repeat (the order rotated by
+one each round, so each variant takes every slot in turn), so machine drift hits every
+variant alike and their ratios are robust on a noisy machine.
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ class _Run:
                   finished)
 
 
+def rotated(items: list, round_index: int) -> list:
+    """``items`` rotated left by ``round_index`` (two items: alternating order)."""
+    shift = round_index % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
 def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                  say: Callable[[str], None] = print,
                  checkpointing: Checkpointing | None = None) -> tuple[list[RunResult], bool]:
@@ -141,7 +148,11 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     lives = [_Live(spec, res) for spec, res in zip(specs, resolve_specs(specs))]
     run = _Run(lives, checkpointing)
     for live in lives:
-        say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
+        if live.spec.build is None:
+            say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
+        else:
+            say(f"{live.spec.variant}: peer trainer, matched from the {live.resolution.config.env.id} config; "
+                f"process settings: threads={live.resolution.config.optimizations.torch_threads or 'default'}")
     total = sum(l.resolution.config.run.warmup_steps + l.resolution.config.run.repeats * l.resolution.config.run.steps
                 for l in lives)
     interrupted = False
@@ -154,7 +165,7 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                 run.checkpoint_index = checkpointing.index(run.env_steps())
             rounds = max(l.resolution.config.run.repeats for l in lives)
             for r in range(rounds):
-                order = lives if r % 2 == 0 else lives[::-1]
+                order = rotated(lives, r)
                 for live in order:
                     if len(live.env_rates) <= r < live.resolution.config.run.repeats and live.status == "ok":
                         _timed_segment(live, progress, run)
@@ -181,7 +192,7 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
     resumed = run.checkpointing.variant_state(live.spec.variant) if run.checkpointing else None
     clock = _Clock()
     try:
-        live.trainer = build_trainer(live.resolution, probe=live.probe)
+        live.trainer = (live.spec.build or build_trainer)(live.resolution, probe=live.probe)
         live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.DEFAULT_THREADS
         if resumed is not None:
             live.trainer.load_state_dict(resumed["trainer"])

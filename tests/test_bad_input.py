@@ -89,7 +89,8 @@ LAUGHS = "".join(f"{chr(97 + i)}: &{chr(97 + i)} [{', '.join([f'*{chr(96 + i)}']
 BROKEN_ROW = new_file_text() + "| only | three | cells |\n"
 Case = tuple[Callable[[Workspace], list[str]], str]
 _REQUIRED_ARGS = lambda w: {"run": [PRESET], "config": [PRESET], "compare": [str(w.good)],  # noqa: E731
-                            "record": ["--milestone", "m", str(w.good)]}
+                            "record": ["--milestone", "m", str(w.good)], "ablate": [PRESET],
+                            "sweep": [PRESET, "--param", "env.num_envs=1,2"]}
 
 CASES: dict[str, Case] = {
     # ----- malformed YAML, in every place YAML is read
@@ -169,7 +170,12 @@ CASES: dict[str, Case] = {
                                            "--thresholds", w.text("t.yaml", "max_slowdown_pct: .nan\n")], "finite"),
     # ----- unknown presets and env ids
     "run: unknown preset": (lambda w: w.run("ppo-cartpol"), "did you mean 'ppo-cartpole'"),
-    "config: unknown preset": (lambda w: ["config", "dqn-pong"], "unknown preset"),
+    "config: unknown preset": (lambda w: ["config", "dqn-pongg"], "unknown preset"),
+    "ablate: unknown preset": (lambda w: ["ablate", "ppo-cartpol"], "did you mean 'ppo-cartpole'"),
+    "sweep: unknown preset": (lambda w: ["sweep", "nope", "--param", "env.num_envs=1,2"], "unknown preset"),
+    "sweep: unknown key": (lambda w: ["sweep", PRESET, "--param", "env.num_env=1,2"], "env.num_env"),
+    "diagnose: unknown preset": (lambda w: ["diagnose", "nope"], "unknown preset"),
+    "ablate: unknown flag": (lambda w: ["ablate", PRESET, "--flags", "warp_drive"], "warp_drive"),
     "gate: unknown preset": (lambda w: ["gate", "--run", "nope"], "unknown preset"),
     "run: missing config file": (lambda w: w.run(str(w.root / "nowhere.yaml")), "not found"),
     "run: unknown env id": (lambda w: w.run(PRESET, "--set", "env.id=Nope-v0"), "env.id"),

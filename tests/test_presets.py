@@ -23,7 +23,7 @@ from reference_trainers.common.config import ConfigError, OptimizationsConfig
 from reference_trainers.common.resolve import resolve_config
 
 SHIPPED = sorted(PRESET_DIR.glob("*.yaml"))
-NAMES = [path.stem for path in SHIPPED]
+NAMES = sorted(path.stem for path in SHIPPED)
 
 IMPLEMENTATION_KEYS = ("env.vectorization", "optimizations.")
 """Dotted keys a variant may set: everything else is an algorithmic setting shared by both."""

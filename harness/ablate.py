@@ -1,0 +1,323 @@
+"""Ablation: attribute a preset's speedup to each optimisation flag, measured side by side.
+
+The flags are the implementation keys (``env.vectorization`` and each ``optimizations.*``)
+in which the preset's optimized variant differs from its baseline. A flag counts only if
+the device can honour it: set alone on top of the baseline it must resolve (``resolve.py``
+accepts it) to a value other than the baseline's; otherwise it is listed as not applicable
+on this device and not run.
+
+Arms: ``baseline``; ``+flag`` (each flag alone on the baseline); ``all-on`` (every
+applicable flag: the optimized variant when none was left out); ``-flag`` (all on but
+that one). All arms are built once and measured in one process, interleaved repeat by
+repeat with the order rotated (``runner.run_variants``), so per-repeat ratios are paired.
+
+Per flag: ``alone`` = ``+flag / baseline`` (its marginal speedup) and ``in_stack`` =
+``all-on / -flag`` (its contribution to the full stack), each the median of the paired
+per-repeat ratios with a 95 % percentile bootstrap interval of that median
+(``compare.paired_ratio``). A flag whose interval includes 1.0 is within noise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference_trainers.common.config import ConfigError, OptimizationsConfig, TrainConfig, build_config
+from reference_trainers.common.resolve import resolve_config
+
+from .compare import CONFIDENCE, Ratio, paired_ratio
+from .errors import UserError
+from .presets import load_preset
+from .results import RunResult
+from .runner import VariantSpec
+
+ABLATE_DEFAULT_STEPS = 8192
+"""Timed env steps per arm and repeat (the preset's own budget is for two variants, not a dozen)."""
+INTERVAL = f"{CONFIDENCE:.0%} percentile bootstrap of the median paired per-repeat ratio"
+FLAG_KEYS = ("env.vectorization", *(f"optimizations.{name}" for name in OptimizationsConfig.model_fields))
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One implementation key in which the optimized variant differs from the baseline."""
+
+    key: str
+    """Dotted config key, e.g. ``optimizations.batch_inference``."""
+    value: Any
+    """The optimized variant's value as written (may be ``auto``)."""
+    plain: Any
+    """The baseline's resolved value."""
+    resolved: Any
+    """The value it resolves to on this device when set alone on the baseline."""
+
+    @property
+    def name(self) -> str:
+        return short_name(self.key)
+
+
+@dataclass
+class AblationPlan:
+    """What will be measured: flags that apply here, those that do not (with why), and the arms."""
+
+    preset: str
+    device: str
+    flags: list[Flag]
+    not_applicable: dict[str, str]
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Arm name -> {dotted key: value} set on top of the baseline."""
+    skipped_arms: dict[str, str] = field(default_factory=dict)
+    """Arms whose flag combination does not resolve, with the reason."""
+
+
+def short_name(key: str) -> str:
+    return key.removeprefix("optimizations.")
+
+
+def _get(config: TrainConfig, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _with(data_config: TrainConfig, overrides: list[str], values: dict[str, Any]) -> TrainConfig:
+    """The baseline config with ``values`` (dotted key -> value) set on top."""
+    extra = [f"{key}={_yaml_scalar(value)}" for key, value in values.items()]
+    return build_config(data_config.model_dump(mode="json"), [*overrides, *extra])
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def plan_ablation(target: str, overrides: list[str], only: list[str] | None = None) -> AblationPlan:
+    """Find the flags of ``target`` (a preset with baseline and optimized) and lay out the arms."""
+    preset = load_preset(target)
+    if not {"baseline", "optimized"} <= set(preset.variants):
+        raise UserError(f"ablate {target}: needs a preset with baseline and optimized variants "
+                        f"(it has {', '.join(preset.variants)})")
+    base = build_config(preset.variant_data("baseline"), overrides)
+    opt = build_config(preset.variant_data("optimized"), overrides)
+    base_res = resolve_config(base)
+    differing = [key for key in FLAG_KEYS if _get(base, key) != _get(opt, key)]
+    flags: list[Flag] = []
+    not_applicable: dict[str, str] = {}
+    for key in differing:
+        value = _get(opt, key)
+        try:
+            resolved = resolve_config(_with(base, [], {key: value}))
+        except ConfigError as exc:
+            not_applicable[short_name(key)] = str(exc)
+            continue
+        plain, now = _get(base_res.config, key), _get(resolved.config, key)
+        if now == plain:
+            why = resolved.reasons.get(key, "")
+            why = why.partition(" (")[2].removesuffix(")") or "the baseline's value"
+            not_applicable[short_name(key)] = f"{value} resolves to the plain value {plain} on {base_res.device}: {why}"
+            continue
+        flags.append(Flag(key, value, plain, now))
+    if only is not None:
+        flags = _select(flags, not_applicable, differing, only, target)
+    if not flags:
+        raise UserError(f"ablate {target}: no flag to measure on {base_res.device} "
+                        f"(not applicable: {', '.join(not_applicable) or 'none'})")
+    plan = AblationPlan(preset.name, str(base_res.device), flags, not_applicable)
+    _lay_out_arms(plan, base)
+    return plan
+
+
+def _select(flags: list[Flag], not_applicable: dict[str, str], differing: list[str], only: list[str],
+            target: str) -> list[Flag]:
+    """``--flags``: keep the named flags (short or dotted names); UserError for a name that is not a flag."""
+    known = {short_name(k) for k in differing}
+    wanted = []
+    for name in only:
+        short = short_name(name.strip())
+        if short not in known:
+            raise UserError(f"--flags {name!r}: not a flag of {target} (its optimized variant differs from the "
+                            f"baseline in: {', '.join(sorted(known)) or 'nothing'})")
+        wanted.append(short)
+    for name in list(not_applicable):
+        if name not in wanted:
+            del not_applicable[name]
+    return [f for f in flags if f.name in wanted]
+
+
+def _lay_out_arms(plan: AblationPlan, base: TrainConfig) -> None:
+    everything = {f.key: f.value for f in plan.flags}
+    candidates: dict[str, dict[str, Any]] = {"baseline": {}}
+    for f in plan.flags:
+        candidates[f"+{f.name}"] = {f.key: f.value}
+    if len(plan.flags) > 1:
+        candidates["all-on"] = everything
+        for f in plan.flags:
+            candidates[f"-{f.name}"] = {k: v for k, v in everything.items() if k != f.key}
+    for arm, values in candidates.items():
+        try:
+            resolve_config(_with(base, [], values))
+        except ConfigError as exc:
+            plan.skipped_arms[arm] = str(exc)
+            continue
+        plan.arms[arm] = values
+
+
+def arm_specs(plan: AblationPlan, target: str, overrides: list[str]) -> list[VariantSpec]:
+    """One spec per arm: the preset's baseline data with the arm's flags set on top."""
+    preset = load_preset(target)
+    base = build_config(preset.variant_data("baseline"), overrides)
+    return [VariantSpec(plan.preset, arm, _with(base, [], values)) for arm, values in plan.arms.items()]
+
+
+# --------------------------------------------------------------------------- analysis
+
+@dataclass(frozen=True)
+class FlagEffect:
+    name: str
+    alone: Ratio | None
+    in_stack: Ratio | None
+    expected: float | None = None
+
+    @property
+    def significant(self) -> bool:
+        """True when the interval of the in-stack contribution excludes 1.0 (its effect is not noise)."""
+        return verdict(self.in_stack) in ("helps", "hurts")
+
+
+def verdict(ratio: Ratio | None) -> str:
+    """'helps' / 'hurts' when the interval excludes 1.0, else 'within noise' ('n/a' when not measured;
+    no verdict from a single repeat)."""
+    if ratio is None:
+        return "n/a"
+    if ratio.n < 2:
+        return "no interval (one repeat)"
+    if ratio.low > 1.0:
+        return "helps"
+    return "hurts" if ratio.high < 1.0 else "within noise"
+
+
+def _samples(results: dict[str, RunResult], arm: str) -> list[float] | None:
+    run = results.get(arm)
+    if run is None or run.status != "ok" or not run.metrics.get("env_steps_per_sec"):
+        return None
+    return run.metrics["env_steps_per_sec"]["samples"]
+
+
+def _ratio(results: dict[str, RunResult], base_arm: str, cand_arm: str) -> Ratio | None:
+    base, cand = _samples(results, base_arm), _samples(results, cand_arm)
+    if base is None or cand is None:
+        return None
+    return paired_ratio(base, cand)
+
+
+def flag_effects(plan: AblationPlan, runs: list[RunResult], expected: dict[str, float] | None = None
+                 ) -> list[FlagEffect]:
+    """Each flag's marginal and in-stack speedup, ranked by in-stack contribution (then alone)."""
+    results = {run.variant: run for run in runs}
+    expected = expected or {}
+    effects = []
+    for f in plan.flags:
+        alone = _ratio(results, "baseline", f"+{f.name}")
+        in_stack = _ratio(results, f"-{f.name}", "all-on") if len(plan.flags) > 1 else alone
+        effects.append(FlagEffect(f.name, alone, in_stack, expected.get(f.name)))
+    key = lambda e: ((e.in_stack.value if e.in_stack else 0.0), (e.alone.value if e.alone else 0.0))  # noqa: E731
+    return sorted(effects, key=key, reverse=True)
+
+
+def overall(plan: AblationPlan, runs: list[RunResult]) -> Ratio | None:
+    """all-on / baseline (the whole stack's speedup)."""
+    results = {run.variant: run for run in runs}
+    return _ratio(results, "baseline", "all-on" if len(plan.flags) > 1 else f"+{plan.flags[0].name}")
+
+
+def parse_expectations(text: str | None, plan: AblationPlan) -> dict[str, float]:
+    """``--expect batch_inference=1.5x,torch_threads=2`` -> {name: 1.5, ...}; UserError on bad input."""
+    if not text:
+        return {}
+    known = {f.name for f in plan.flags} | set(plan.not_applicable)
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().partition("=")
+        name = short_name(name.strip())
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*x?\s*", value)
+        if not sep or not match or float(match.group(1)) <= 0:
+            raise UserError(f"--expect {item.strip()!r}: expected FLAG=SPEEDUP such as batch_inference=1.5x")
+        if name not in known:
+            raise UserError(f"--expect {name!r}: not a flag of {plan.preset} (flags: {', '.join(sorted(known))})")
+        out[name] = float(match.group(1))
+    return out
+
+
+def _cell(ratio: Ratio | None) -> str:
+    return "n/a" if ratio is None else f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}]"
+
+
+def _verdict(effect: FlagEffect) -> str:
+    return f"alone: {verdict(effect.alone)}; in stack: {verdict(effect.in_stack)}"
+
+
+def _expect_verdict(effect: FlagEffect) -> str:
+    ratio = effect.alone
+    if effect.expected is None or ratio is None:
+        return ""
+    if ratio.low <= effect.expected <= ratio.high:
+        return "as expected"
+    return "above expected" if ratio.low > effect.expected else "below expected"
+
+
+def markdown_table(plan: AblationPlan, runs: list[RunResult], effects: list[FlagEffect]) -> str:
+    """The ablation as a Markdown table (ranked flags), the arms' throughput and the not-applicable list."""
+    with_expect = any(e.expected is not None for e in effects)
+    head = ["rank", "flag", "value", "alone (+flag / baseline)", "in stack (all-on / -flag)", "verdict"]
+    if with_expect:
+        head += ["expected (alone)", "measured (alone)", "vs expected"]
+    lines = [f"### Ablation: {plan.preset} on {plan.device}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_name = {f.name: f for f in plan.flags}
+    for rank, e in enumerate(effects, 1):
+        f = by_name[e.name]
+        row = [str(rank), f"`{e.name}`", f"{f.plain} -> {f.resolved}", _cell(e.alone), _cell(e.in_stack), _verdict(e)]
+        if with_expect:
+            row += ["-" if e.expected is None else f"{e.expected:.2f}x",
+                    "n/a" if e.alone is None else f"{e.alone.value:.2f}x", _expect_verdict(e)]
+        lines.append("| " + " | ".join(row) + " |")
+    total = overall(plan, runs)
+    lines += ["", f"Whole stack (all-on / baseline): {_cell(total)}. Intervals: {INTERVAL}; "
+              "'within noise' = the interval includes 1.0.", "",
+              "| arm | env_steps_per_sec median [min-max] | status |", "|---|---|---|"]
+    for run in runs:
+        rate = run.metrics.get("env_steps_per_sec")
+        cell = "-" if not rate else f"{rate['median']:,.0f} [{rate['min']:,.0f}-{rate['max']:,.0f}]"
+        lines.append(f"| {run.variant} | {cell} | {run.status} |")
+    if plan.not_applicable:
+        lines += ["", "Not applicable on this device (not run):"]
+        lines += [f"- `{name}`: {why}" for name, why in plan.not_applicable.items()]
+    if plan.skipped_arms:
+        lines += ["", "Arms not run (their flag combination does not resolve):"]
+        lines += [f"- `{arm}`: {why}" for arm, why in plan.skipped_arms.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _ratio_json(ratio: Ratio | None) -> dict[str, float] | None:
+    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "n": ratio.n}
+
+
+def ablation_json(plan: AblationPlan, runs: list[RunResult], effects: list[FlagEffect]) -> dict[str, Any]:
+    by_name = {f.name: f for f in plan.flags}
+    return {
+        "schema_version": 1, "preset": plan.preset, "device": plan.device, "interval": INTERVAL,
+        "machine": runs[0].machine if runs else {},
+        "steps": runs[0].config["run"]["steps"] if runs else None,
+        "repeats": runs[0].config["run"]["repeats"] if runs else None,
+        "overall": _ratio_json(overall(plan, runs)),
+        "flags": [{"name": e.name, "key": by_name[e.name].key, "value": by_name[e.name].value,
+                   "plain": by_name[e.name].plain, "resolved": by_name[e.name].resolved,
+                   "alone": _ratio_json(e.alone), "in_stack": _ratio_json(e.in_stack),
+                   "verdict_alone": verdict(e.alone), "verdict_in_stack": verdict(e.in_stack),
+                   "significant": e.significant, "expected": e.expected} for e in effects],
+        "not_applicable": plan.not_applicable, "skipped_arms": plan.skipped_arms,
+        "arms": {run.variant: {"set": plan.arms.get(run.variant, {}), "status": run.status,
+                               "env_steps_per_sec": run.metrics.get("env_steps_per_sec")} for run in runs},
+    }

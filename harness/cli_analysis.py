@@ -1,0 +1,181 @@
+"""The analysis commands: ``ablate``, ``sweep``, ``diagnose``, ``matrix`` (parsers and ``cmd_*``).
+
+Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagnose.py``,
+``matrix.py``); all take the run options and turn bad input into ``UserError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .cli_options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from .errors import UserError
+from .presets import VARIANTS, specs_for
+from .results import save_results
+from .runner import resolve_specs
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """ablate, sweep, diagnose, matrix: the analysis commands (each takes the run options)."""
+    ablate = sub.add_parser("ablate", help="attribute the speedup to each optimisation flag (all arms interleaved)")
+    ablate.add_argument("target", metavar="PRESET|FILE.yaml")
+    ablate.add_argument("--flags", metavar="a,b,...", help="only these flags (default: every flag the variants differ in)")
+    ablate.add_argument("--expect", metavar="FLAG=1.5x,...", help="expected speedup of flags alone, shown beside the measured one")
+    run_options(ablate, steps_default="8192 for ablate", repeats_default="5 for ablate")
+    ablate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: ablation-PRESET/)")
+    ablate.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
+
+    sweep = sub.add_parser("sweep", help="throughput across values of a config key (two --param: a grid), interleaved")
+    sweep.add_argument("target", metavar="PRESET|FILE.yaml")
+    sweep.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="a dotted config key and its values, each parsed like --set; a second --param makes a grid")
+    sweep.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant swept (default: optimized)")
+    run_options(sweep, steps_default="8192 for sweep")
+    sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice")
+    diagnose.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
+                          help="what to profile (default: ppo-cartpole)")
+    diagnose.add_argument("--variant", choices=VARIANTS, default="baseline",
+                          help="the variant profiled (default: baseline, the plain paths)")
+    run_options(diagnose, steps_default="4096 for diagnose", repeats_default="1 for diagnose")
+    diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
+
+    matrix = sub.add_parser("matrix", help="every preset, both variants: one Markdown + HTML report with charts")
+    matrix.add_argument("--presets", metavar="a,b,...", help="only these presets (default: all)")
+    run_options(matrix, steps_default="8192 for matrix")
+    matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
+    matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
+
+
+def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
+    return (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
+
+
+def _with_defaults(args: argparse.Namespace, **defaults: object) -> list[str]:
+    """``_overrides`` preceded by command defaults (``run.steps=...``) that the user's options override."""
+    return [f"{key}={value}" for key, value in defaults.items()] + user_overrides(args)
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from . import ablate
+    from .plots import ablation_chart
+    from .results import check_output_dir, write_text_atomic
+    from .runner import run_variants
+
+    overrides = _with_defaults(args, **{"run.steps": ablate.ABLATE_DEFAULT_STEPS, "run.repeats": 5})
+    only = [name for name in args.flags.split(",") if name.strip()] if args.flags is not None else None
+    if only is not None and not only:
+        raise UserError("--flags: give at least one flag name, e.g. --flags batch_inference,torch_threads")
+    plan = ablate.plan_ablation(args.target, overrides, only)
+    expected = ablate.parse_expectations(args.expect, plan)
+    out = check_output_dir(args.out or Path(f"ablation-{plan.preset}"))
+    specs = ablate.arm_specs(plan, args.target, overrides)
+    say = _say(args)
+    say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
+        + ", ".join(spec.variant for spec in specs))
+    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    save_results(out / "runs.json", runs)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    effects = ablate.flag_effects(plan, runs, expected)
+    print(ablate.markdown_table(plan, runs, effects))
+    write_text_atomic(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
+    ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
+                   [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
+    say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
+    return _status_code(runs)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from . import sweep
+    from .plots import line_chart
+    from .results import check_output_dir, write_text_atomic
+    from .runner import run_variants
+
+    params = [sweep.parse_param(text) for text in args.params]
+    overrides = _with_defaults(args, **{"run.steps": sweep.SWEEP_DEFAULT_STEPS})
+    specs = sweep.sweep_specs(args.target, args.variant, params, overrides)
+    preset = specs[0].preset
+    out = check_output_dir(args.out or Path(f"sweep-{preset}"))
+    device = resolve_specs(specs[:1])[0].device
+    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
+    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    save_results(out / "runs.json", runs)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    points = sweep.points(params, runs)
+    title = f"Sweep: {preset} ({args.variant}) on {device}"
+    print(sweep.markdown_table(title, params, points))
+    write_text_atomic(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
+    line_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
+    _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
+    return _status_code(runs)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from . import diagnose
+    from .environment import environment_lines, environment_report
+    from .runner import run_variants
+
+    overrides = _with_defaults(args, **{"run.steps": diagnose.DIAGNOSE_DEFAULT_STEPS, "run.repeats": 1})
+    (spec,) = specs_for(args.target, args.variant, overrides)
+    (resolution,) = resolve_specs([spec])
+    text = not args.json
+    env_report = environment_report(compile_device=resolution.device.type, check_compile=not args.no_compile_check)
+    if text:
+        print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
+    runs, interrupted = run_variants([spec], show_progress=text and sys.stderr.isatty(), say=lambda _t: None)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    run = runs[0]
+    if run.status == "failed":
+        raise UserError(f"diagnose {args.target}: the profiled run failed: {run.error}")
+    ceiling = diagnose.env_ceiling(resolution.config, resolution.config.run.steps)
+    compiled = env_report.get("torch_compile")
+    result = diagnose.diagnosis(run, ceiling, None if compiled is None else compiled["works"])
+    if args.json:
+        print(json.dumps({"environment": env_report, "diagnosis": result}, indent=2))
+    else:
+        print("\n## Diagnosis\n" + "\n".join(diagnose.diagnosis_lines(result)))
+    return _status_code(runs)
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from . import matrix
+    from .results import check_output_dir
+
+    names = None if args.presets is None else [n.strip() for n in args.presets.split(",") if n.strip()]
+    if names is not None and not names:
+        raise UserError("--presets: give at least one preset name (see 'rlgauge presets')")
+    overrides = _with_defaults(args, **{"run.steps": matrix.MATRIX_DEFAULT_STEPS})
+    plan = matrix.matrix_specs(names, overrides)
+    out = check_output_dir(args.out or Path("rlgauge-matrix"))
+    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args))
+    runs = [run for row in rows for run in row.runs]
+    save_results(out / "runs.json", runs)
+    matrix.write_report(out, rows)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial report written to {out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(matrix.report_markdown(rows, charts=False))
+    _say(args)(f"report written to {out}/ (report.md, report.html, {matrix.SPEEDUP_CHART}, "
+               f"{matrix.THROUGHPUT_CHART}, runs.json)")
+    return _status_code(runs)
+
+
+def _status_code(runs: list) -> int:
+    bad = [r for r in runs if r.status != "ok"]
+    for result in bad:
+        print(f"rlgauge: {result.variant} run is {result.status}: {result.error or result.stability}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
+COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix}

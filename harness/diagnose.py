@@ -1,0 +1,184 @@
+"""Diagnose: where a short profiled run spends its time, how close it is to the env-only ceiling,
+and what to try next (a small table of rules over those measurements).
+
+The profile is the runner's own (``phase_seconds``, ``host_syncs_per_step``, device
+utilisation), shown as a share of the timed wall time. The ceiling steps the same vector
+backend with the same number of envs on random actions: no network, no learning. A run
+near the ceiling cannot gain from learner-side flags; one far below it can.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from reference_trainers.common.config import TrainConfig
+from reference_trainers.common.envs import frames_in_step, make_vector_env
+from reference_trainers.common.probe import PHASES
+
+from .results import RunResult
+
+DIAGNOSE_DEFAULT_STEPS = 4096
+
+
+def env_ceiling(config: TrainConfig, steps: int) -> float:
+    """Env steps/sec of random actions through the config's (resolved) vector backend and env count."""
+    env = config.env
+    envs = make_vector_env(env.id, env.num_envs, env.vectorization, action_repeat=env.action_repeat,
+                           env_kwargs=env.kwargs)
+    try:
+        envs.reset(seed=config.seed)
+        envs.action_space.seed(config.seed)
+        actions = [envs.action_space.sample() for _ in range(max(1, steps // env.num_envs))]
+        frames = 0
+        start = time.perf_counter()
+        for action in actions:
+            _, _, _, _, info = envs.step(action)
+            frames += frames_in_step(info, env.num_envs)
+        return frames / (time.perf_counter() - start)
+    finally:
+        envs.close()
+
+
+def phase_shares(run: RunResult) -> dict[str, float]:
+    """Percent of the timed wall time per phase, plus ``other`` (loop overhead not inside a phase)."""
+    rate = run.metrics["env_steps_per_sec"]
+    samples = rate["samples"]
+    per_repeat = run.steps_completed / len(samples)
+    wall = sum(per_repeat / s for s in samples if s > 0)
+    phases = run.metrics["phase_seconds"]
+    shares = {name: 100.0 * phases.get(name, 0.0) / wall for name in PHASES} if wall else {n: 0.0 for n in PHASES}
+    shares["other"] = max(0.0, 100.0 - sum(shares.values()))
+    return shares
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the rules look at."""
+
+    shares: dict[str, float]
+    syncs_per_step: float
+    utilization_pct: float | None
+    ceiling_fraction: float | None
+    config: dict[str, Any]
+    compile_works: bool | None
+
+    @property
+    def opt(self) -> dict[str, Any]:
+        return self.config["optimizations"]
+
+    @property
+    def on_cuda(self) -> bool:
+        return str(self.config["device"]).startswith("cuda")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    fires: Callable[[Facts], bool]
+    advice: Callable[[Facts], str]
+
+
+def _off(facts: Facts, *flags: str) -> list[str]:
+    return [flag for flag in flags if not facts.opt.get(flag)]
+
+
+def _update_advice(f: Facts) -> str:
+    text = f"the update takes {f.shares['update']:.0f}% of the time: "
+    if f.on_cuda:
+        tips = [f"{flag}=true" for flag in _off(f, "compile_train_step", "amp")]
+        return text + ", ".join(["bigger batches (fewer minibatches or more envs)", *tips]) + " (GPU kernels want work)"
+    tips = []
+    if f.opt.get("torch_threads") is None:
+        tips.append("torch_threads=1 (small models lose more to thread hand-off than they gain)")
+    if f.opt.get("optimizer_impl") == "forloop":
+        tips.append("optimizer_impl=fused (one kernel for the Adam step)")
+    tips.append("fewer, larger minibatches (ppo.num_minibatches) if the algorithm allows")
+    return text + "; ".join(tips)
+
+
+RULES: list[Rule] = [
+    Rule("env_bound",
+         lambda f: f.shares["env"] > 50 and f.config["env"]["vectorization"] in ("serial", "sync"),
+         lambda f: f"env stepping takes {f.shares['env']:.0f}% of the time with {f.config['env']['vectorization']} "
+                   "vectorization: try env.vectorization=native (the env's own batched step, where it has one) or "
+                   "async (subprocess workers pay off for slow envs); compare with `rlgauge sweep PRESET "
+                   "--param env.vectorization=serial,sync,async,native`"),
+    Rule("host_syncs",
+         lambda f: f.syncs_per_step > 2,
+         lambda f: f"{f.syncs_per_step:.1f} device->host syncs per vector step: "
+                   + (" and ".join(f"{flag}=true" for flag in _off(f, "batch_inference", "sync_free_logging"))
+                      or "find the remaining .item()/.cpu() calls")
+                   + " (one batched action copy per step, one statistics sync per log interval)"),
+    Rule("per_env_inference",
+         lambda f: f.shares["inference"] > 30 and not f.opt.get("batch_inference"),
+         lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time, one forward per env: "
+                   "batch_inference=true (one forward for all envs)"),
+    Rule("update_dominant", lambda f: f.shares["update"] > 50, _update_advice),
+    Rule("transfer",
+         lambda f: f.shares["transfer"] > 15,
+         lambda f: f"host->device copies take {f.shares['transfer']:.0f}% of the time: "
+                   + ("pinned_memory=true and non_blocking=true" if f.on_cuda else
+                      "batch_inference=true (one copy per step instead of one per env)")),
+    Rule("logging",
+         lambda f: f.shares["logging"] > 10 and not f.opt.get("sync_free_logging"),
+         lambda f: f"logging/bookkeeping takes {f.shares['logging']:.0f}% of the time: sync_free_logging=true"),
+    Rule("near_env_ceiling",
+         lambda f: f.ceiling_fraction is not None and f.ceiling_fraction >= 0.7,
+         lambda f: f"the run reaches {100 * f.ceiling_fraction:.0f}% of the env-only ceiling: learner-side flags "
+                   "cannot give much more; a faster env backend or more envs can"),
+    Rule("gpu_idle",
+         lambda f: f.on_cuda and f.utilization_pct is not None and f.utilization_pct < 30,
+         lambda f: f"the GPU is busy {f.utilization_pct:.0f}% of the time: it waits for the host; raise "
+                   "env.num_envs or the batch size, batch_inference=true, cuda_graphs=true for the update"),
+    Rule("compile_broken",
+         lambda f: f.compile_works is False and bool(f.opt.get("compile_model") or f.opt.get("compile_train_step")),
+         lambda f: "torch.compile fails on this machine but the config asks for it: compile_model=false and "
+                   "compile_train_step=false (the run fell back to eager)"),
+]
+
+
+def advise(facts: Facts) -> list[dict[str, str]]:
+    """Every rule that fires, in table order, as {rule, advice}."""
+    return [{"rule": rule.name, "advice": rule.advice(facts)} for rule in RULES if rule.fires(facts)]
+
+
+def facts_from(run: RunResult, ceiling: float | None, compile_works: bool | None) -> Facts:
+    rate = run.metrics["env_steps_per_sec"]["median"]
+    return Facts(shares=phase_shares(run), syncs_per_step=float(run.metrics.get("host_syncs_per_step") or 0.0),
+                 utilization_pct=run.metrics.get("device_utilization_pct"),
+                 ceiling_fraction=(rate / ceiling) if ceiling else None, config=run.config,
+                 compile_works=compile_works)
+
+
+def diagnosis(run: RunResult, ceiling: float | None, compile_works: bool | None) -> dict[str, Any]:
+    """The run's profile, its ceiling fraction and the advice, as plain data."""
+    facts = facts_from(run, ceiling, compile_works)
+    rate = run.metrics["env_steps_per_sec"]
+    return {
+        "preset": run.preset, "variant": run.variant, "status": run.status, "device": run.config["device"],
+        "vectorization": run.config["env"]["vectorization"], "num_envs": run.config["env"]["num_envs"],
+        "env_steps_per_sec": rate, "phase_pct": {k: round(v, 1) for k, v in facts.shares.items()},
+        "host_syncs_per_step": facts.syncs_per_step, "device_utilization_pct": facts.utilization_pct,
+        "env_ceiling_steps_per_sec": ceiling,
+        "fraction_of_ceiling": facts.ceiling_fraction,
+        "advice": advise(facts),
+    }
+
+
+def diagnosis_lines(d: dict[str, Any]) -> list[str]:
+    """The diagnosis as short human-readable lines."""
+    rate = d["env_steps_per_sec"]
+    util = "-" if d["device_utilization_pct"] is None else f"{d['device_utilization_pct']:.0f}%"
+    lines = [f"profiled run: {d['preset']} {d['variant']} on {d['device']}, {d['num_envs']} envs "
+             f"({d['vectorization']}): {rate['median']:,.0f} env steps/s [{rate['min']:,.0f}-{rate['max']:,.0f}]",
+             "phase breakdown (% of timed wall time): "
+             + ", ".join(f"{name} {pct:.1f}%" for name, pct in d["phase_pct"].items()),
+             f"host syncs per vector step: {d['host_syncs_per_step']:.2f}; device utilisation: {util}"]
+    if d["env_ceiling_steps_per_sec"]:
+        lines.append(f"env-only ceiling (random actions, same backend and envs): {d['env_ceiling_steps_per_sec']:,.0f} "
+                     f"env steps/s; this run reaches {100 * d['fraction_of_ceiling']:.1f}% of it")
+    lines.append("advice:" if d["advice"] else "advice: no rule fired (no phase dominates; nothing obvious to try)")
+    lines += [f"  - [{a['rule']}] {a['advice']}" for a in d["advice"]]
+    return lines

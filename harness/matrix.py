@@ -1,0 +1,163 @@
+"""Matrix: every preset, both variants, one report (Markdown and HTML, with charts) for a pull request.
+
+Each preset's variants are measured interleaved in one ``run_variants`` call (as ``rlgauge
+run`` does), presets one after another; a rich progress bar counts presets and variants.
+The speedup of each preset is the median paired per-repeat ratio with a 95 % percentile
+bootstrap interval (``compare.paired_ratio``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import markdown
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .compare import CONFIDENCE, Ratio, paired_ratio
+from .errors import UserError
+from .presets import preset_names, specs_for
+from .results import RunResult, write_text_atomic
+from .runner import VariantSpec, resolve_specs, run_variants
+
+MATRIX_DEFAULT_STEPS = 8192
+SPEEDUP_CHART = "matrix-speedup.png"
+THROUGHPUT_CHART = "matrix-throughput.png"
+
+
+@dataclass
+class PresetRow:
+    preset: str
+    runs: list[RunResult]
+
+    def run(self, variant: str) -> RunResult | None:
+        return next((r for r in self.runs if r.variant == variant), None)
+
+    @property
+    def speedup(self) -> Ratio | None:
+        base, opt = self.run("baseline"), self.run("optimized")
+        if not base or not opt or base.status != "ok" or opt.status != "ok":
+            return None
+        return paired_ratio(base.metrics["env_steps_per_sec"]["samples"], opt.metrics["env_steps_per_sec"]["samples"])
+
+
+def matrix_specs(names: list[str] | None, overrides: list[str]) -> dict[str, list[VariantSpec]]:
+    """Validated specs of both variants for each preset (all presets when ``names`` is None)."""
+    known = preset_names()
+    chosen = names or known
+    unknown = [n for n in chosen if n not in known]
+    if unknown:
+        raise UserError(f"--presets {unknown[0]!r}: unknown preset (available: {', '.join(known)})")
+    plan = {name: specs_for(name, "both", overrides) for name in chosen}
+    for specs in plan.values():
+        resolve_specs(specs)
+    return plan
+
+
+def run_matrix(plan: dict[str, list[VariantSpec]], show_progress: bool,
+               say: Callable[[str], None]) -> tuple[list[PresetRow], bool]:
+    """Measure each preset's variants interleaved, presets in turn; returns (rows, interrupted)."""
+    rows: list[PresetRow] = []
+    total = sum(len(specs) for specs in plan.values())
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), disable=not show_progress)
+    with progress:
+        task = progress.add_task("matrix", total=total)
+        for name, specs in plan.items():
+            progress.update(task, description=f"{name} ({' vs '.join(s.variant for s in specs)})")
+            runs, interrupted = run_variants(specs, show_progress=False, say=lambda _t: None)
+            rows.append(PresetRow(name, runs))
+            progress.advance(task, len(specs))
+            say(f"{name}: " + ", ".join(f"{r.variant} {_rate(r)}" for r in runs))
+            if interrupted:
+                return rows, True
+    return rows, False
+
+
+def _rate(run: RunResult | None) -> str:
+    rate = run.metrics.get("env_steps_per_sec") if run and run.status == "ok" else None
+    if not rate:
+        return "-" if run is None else run.status
+    return f"{rate['median']:,.0f} [{rate['min']:,.0f}-{rate['max']:,.0f}]"
+
+
+def _ratio_cell(ratio: Ratio | None) -> str:
+    return "-" if ratio is None else f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}]"
+
+
+def report_markdown(rows: list[PresetRow], charts: bool = True) -> str:
+    """The report: machine and settings, one table row per preset, the charts, stability notes."""
+    first = next((r for row in rows for r in row.runs), None)
+    machine = first.machine if first else {}
+    commit = (first.git.get("commit") or "unknown")[:12] if first else "unknown"
+    dirty = " (uncommitted changes)" if first and first.git.get("dirty") else ""
+    settings = first.config["run"] if first else {}
+    lines = [
+        "# rlgauge matrix", "",
+        f"Measured {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit `{commit}`{dirty} on "
+        f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores), torch {machine.get('torch', '?')}, "
+        f"device `{first.config['device'] if first else '?'}`.",
+        f"Each preset: baseline and optimized interleaved in one process, repeats: {settings.get('repeats', '?')} of "
+        f"{settings.get('steps', '?')} env steps after {settings.get('warmup_steps', '?')} warm-up steps. "
+        f"Speedup: median of the paired per-repeat ratios, {CONFIDENCE:.0%} percentile bootstrap interval.", "",
+        "| preset | algo | baseline env steps/s | optimized env steps/s | speedup | return (base / opt) | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        base, opt = row.run("baseline"), row.run("optimized")
+        algo = (base or opt).algo if (base or opt) else "?"
+        returns = " / ".join("-" if r is None or r.metrics.get("mean_return_last_k") is None
+                             else f"{r.metrics['mean_return_last_k']:.1f}" for r in (base, opt))
+        status = ", ".join(sorted({r.status for r in row.runs}))
+        lines.append(f"| {row.preset} | {algo} | {_rate(base)} | {_rate(opt)} | {_ratio_cell(row.speedup)} | "
+                     f"{returns} | {status} |")
+    if charts:
+        lines += ["", f"![speedup per preset]({SPEEDUP_CHART})", "", f"![throughput per preset]({THROUGHPUT_CHART})"]
+    problems = [(row.preset, r) for row in rows for r in row.runs if r.status != "ok"]
+    lines += ["", "## Stability", ""]
+    if problems:
+        lines += [f"- {preset} {r.variant}: {r.status} ({r.error or r.stability})" for preset, r in problems]
+    else:
+        lines.append("Every run passed: no float64 op, no non-finite value.")
+    return "\n".join(lines) + "\n"
+
+
+HTML_TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;max-width:64rem;margin:2rem auto;padding:0 1rem}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.25rem .5rem;text-align:right}}
+td:first-child,th:first-child{{text-align:left}}img{{max-width:100%}}</style></head>
+<body>
+{body}
+</body></html>
+"""
+
+
+def report_html(markdown_text: str) -> str:
+    return HTML_TEMPLATE.format(title=html.escape("rlgauge matrix"),
+                                body=markdown.markdown(markdown_text, extensions=["tables"]))
+
+
+def write_report(out: Path, rows: list[PresetRow]) -> None:
+    """``report.md``, ``report.html`` and the two charts in ``out``."""
+    from .plots import bar_chart, line_chart
+
+    names = [row.preset for row in rows]
+    bar_chart(out / SPEEDUP_CHART, "optimized / baseline env steps/sec", names, [row.speedup for row in rows],
+              "speedup (paired median, 95% interval)")
+    series = {}
+    for variant in ("baseline", "optimized"):
+        points = []
+        for row in rows:
+            run = row.run(variant)
+            rate = run.metrics.get("env_steps_per_sec") if run and run.status == "ok" else None
+            points.append(None if not rate else (rate["median"], rate["min"], rate["max"]))
+        series[variant] = points
+    line_chart(out / THROUGHPUT_CHART, "env steps/sec per preset", "preset", names, series)
+    text = report_markdown(rows)
+    write_text_atomic(out / "report.md", text)
+    write_text_atomic(out / "report.html", report_html(text))

@@ -1,0 +1,135 @@
+"""The Stable-Baselines3 peer: the matching table, the SB3 models it builds, the trainer protocol, ``--peer``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+
+from conftest import TINY  # noqa: E402
+from harness.cli import main  # noqa: E402
+from harness.errors import UserError  # noqa: E402
+from harness.metrics import TimingProbe  # noqa: E402
+from harness.peers import load_peer  # noqa: E402
+from harness.peers.sb3 import SB3Trainer, matching  # noqa: E402
+from harness.presets import specs_for  # noqa: E402
+from reference_trainers.common.resolve import resolve_config  # noqa: E402
+
+TINY_SETS = [a for item in TINY for a in ("--set", item)]
+DQN_TINY = ["device=cpu", "dqn.learning_starts=32", "dqn.batch_size=16", "dqn.log_interval=64",
+            "run.warmup_steps=0", "run.steps=128", "run.repeats=1", "run.latency_samples=5"]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    yield
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(precision)
+
+
+def resolution(preset: str, overrides: list[str]):  # noqa: ANN201
+    return resolve_config(specs_for(preset, "baseline", overrides)[0].config)
+
+
+def table(preset: str, overrides: list[str]) -> dict[str, object]:
+    return {m.sb3: m.sb3_value for m in matching(resolution(preset, overrides).config)}
+
+
+def test_ppo_matching_maps_minibatches_to_batch_size_and_the_network() -> None:
+    args = table("ppo-cartpole-sb3", ["device=cpu"])
+    assert (args["n_envs"], args["n_steps"], args["n_epochs"], args["batch_size"]) == (4, 128, 4, 128)
+    assert args["policy_kwargs.net_arch"] == {"pi": [64, 64], "vf": [64, 64]}
+    assert args["policy_kwargs.activation_fn"] == "Tanh" and args["clip_range_vf"] == 0.2
+    assert table("ppo-cartpole-sb3", ["device=cpu", "env.num_envs=64"])["batch_size"] == 64 * 128 // 4
+
+
+def test_dqn_matching_converts_target_interval_to_env_transitions() -> None:
+    args = table("dqn-cartpole-sb3", ["device=cpu"])
+    assert (args["buffer_size"], args["batch_size"], args["train_freq"]) == (10_000, 128, (10, "step"))
+    assert args["target_update_interval"] == 500  # 50 optimiser steps x 10 env steps each
+
+
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("dqn-cartpole", [], "dqn.double_q=True has no SB3 DQN counterpart"),
+    ("dqn-cartpole-sb3", ["dqn.n_step=3"], "dqn.n_step=3 has no SB3 DQN counterpart"),
+    ("iqn-cartpole", [], "no SB3 counterpart for algo 'iqn'"),
+])
+def test_settings_without_an_sb3_counterpart_are_refused(preset: str, overrides: list[str], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        matching(resolution(preset, ["device=cpu", *overrides]).config)
+
+
+def test_built_ppo_model_has_the_matched_settings_and_iterates_a_rollout() -> None:
+    probe = TimingProbe()
+    probe.enabled = True
+    trainer = SB3Trainer(resolution("ppo-cartpole-sb3", ["device=cpu", "ppo.num_steps=16"]), probe)
+    try:
+        m = trainer.model
+        assert (m.n_steps, m.batch_size, m.n_epochs, m.n_envs) == (16, 16, 4, 4)
+        linears = [layer for layer in m.policy.mlp_extractor.policy_net if isinstance(layer, torch.nn.Linear)]
+        assert [layer.out_features for layer in linears] == [64, 64]
+        assert isinstance(m.policy.mlp_extractor.policy_net[1], torch.nn.Tanh)
+        assert m.policy.optimizer.param_groups[0]["eps"] == 1e-5
+        done = trainer.iterate()
+        assert (done.env_steps, done.updates) == (64, 16) and m._n_updates == 4
+        totals = probe.totals()
+        assert totals["env"] > 0 and totals["inference"] > 0 and totals["update"] > 0
+        assert trainer.select_actions(trainer.next_obs).shape == (4,)
+    finally:
+        trainer.close()
+
+
+def test_built_dqn_model_trains_every_train_frequency_steps() -> None:
+    trainer = SB3Trainer(resolution("dqn-cartpole-sb3", DQN_TINY), None)
+    try:
+        m = trainer.model
+        assert (m.target_update_interval, m.train_freq.frequency, m.buffer_size) == (500, 10, 10_000)
+        first = trainer.iterate()   # 64 steps: learning starts after 32, trains every 10 steps
+        assert first.env_steps >= 64 and first.updates == m._n_updates > 0
+    finally:
+        trainer.close()
+
+
+def test_run_with_peer_prints_matching_and_ratios_and_records_three_runs(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = main(["run", "ppo-cartpole-sb3", *TINY_SETS, "--repeats", "2", "--peer", "sb3", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    assert "hyper-parameters matched with sb3" in stdout and "n_epochs" in stdout
+    assert "ratio to sb3" in stdout and "ours optimized" in stdout
+    runs = json.loads(out.read_text(encoding="utf-8"))["runs"]
+    assert [r["variant"] for r in runs] == ["baseline", "optimized", "sb3"]
+    assert all(r["status"] == "ok" and len(r["metrics"]["env_steps_per_sec"]["samples"]) == 2 for r in runs)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ppo-cartpole", "--peer", "sb4"], "--peer 'sb4': unknown peer; accepted: sb3"),
+    (["iqn-cartpole", "--peer", "sb3"], "no SB3 counterpart for algo 'iqn'"),
+    (["dqn-cartpole", "--peer", "sb3"], "dqn.double_q=True has no SB3 DQN counterpart"),
+])
+def test_peer_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code = main(["run", *argv, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_library_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.peers as peers
+
+    real_import = peers.importlib.import_module
+
+    def without_sb3(name: str):  # noqa: ANN202
+        if name == "stable_baselines3":
+            raise ImportError(name)
+        return real_import(name)
+
+    monkeypatch.setattr(peers.importlib, "import_module", without_sb3)
+    with pytest.raises(UserError, match=r"needs stable-baselines3; install it with pip install 'rlgauge\[peers\]'"):
+        load_peer("sb3")

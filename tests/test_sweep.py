@@ -1,0 +1,94 @@
+"""``rlgauge sweep``: parsing ``--param``, the grid of points, the table and the outputs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY
+from harness.cli import main
+from harness.errors import UserError
+from harness.sweep import Param, markdown_table, parse_param, points, series, split_values, sweep_specs
+from reference_trainers.common.resolve import resolve_config
+from results_factory import make_result
+
+TINY_SETS = [a for item in TINY for a in ("--set", item)]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    yield
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(precision)
+
+
+def test_values_split_on_commas_outside_brackets() -> None:
+    assert split_values("1, 2,4") == ["1", "2", "4"]
+    assert split_values("[64,64],[128, 128]") == ["[64,64]", "[128, 128]"]
+
+
+def test_param_values_are_parsed_like_set() -> None:
+    assert parse_param("env.num_envs=4,16") == Param("env.num_envs", ("4", "16"))
+    specs = sweep_specs("ppo-cartpole", "optimized", [parse_param("model.hidden_sizes=[32,32],[8]")], ["device=cpu"])
+    assert [s.config.model.hidden_sizes for s in specs] == [[32, 32], [8]]
+    assert [s.variant for s in specs] == ["model.hidden_sizes=[32,32]", "model.hidden_sizes=[8]"]
+
+
+def test_two_params_make_a_grid_in_order_first_param_slowest() -> None:
+    params = [parse_param("env.num_envs=2,4"), parse_param("env.vectorization=serial,sync")]
+    specs = sweep_specs("ppo-cartpole", "baseline", params, ["device=cpu"])
+    assert [(s.config.env.num_envs, resolve_config(s.config).config.env.vectorization) for s in specs] == [
+        (2, "serial"), (2, "sync"), (4, "serial"), (4, "sync")]
+    assert all(not s.config.optimizations.batch_inference for s in specs)  # the baseline variant's flags
+
+
+@pytest.mark.parametrize("text", ["env.num_envs", "=1,2", "env.num_envs=", "env.num_envs=1,,2", "env.num_envs=2,2"])
+def test_malformed_param_is_a_user_error(text: str) -> None:
+    with pytest.raises(UserError, match="--param"):
+        parse_param(text)
+
+
+def test_pivot_marks_the_fastest_value_per_row() -> None:
+    params = [Param("env.num_envs", ("2", "4")), Param("env.vectorization", ("serial", "sync"))]
+    runs = [make_result("a", [100.0, 100.0]), make_result("b", [200.0, 220.0]),
+            make_result("c", [300.0, 300.0]), make_result("d", [150.0, 150.0])]
+    pts = points(params, runs)
+    assert pts[1].vs_first.value == pytest.approx(2.1)
+    table = markdown_table("t", params, pts)
+    assert "| 2 | 100 | **210** |" in table and "| 4 | **300** | 150 |" in table
+    assert series(params, pts)["env.vectorization=sync"][1] == (150.0, 150.0, 150.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "sweep needs --param"),
+    (["--param", "env.num_envs=0,2"], "env.num_envs: invalid value 0"),
+    (["--param", "env.vectorization=serial,warp"], "env.vectorization"),
+    (["--param", "env.bogus=1,2"], "env.bogus: unknown key"),
+    (["--param", "seed=1,2", "--param", "seed=3"], "swept twice"),
+    (["--param", "seed=1", "--param", "env.num_envs=2", "--param", "run.steps=8"], "at most 2"),
+])
+def test_sweep_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                               argv: list[str], message: str) -> None:
+    code = main(["sweep", "ppo-cartpole", "--device", "cpu", "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_tiny_run_writes_table_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    code = main(["sweep", "ppo-cartpole", *TINY_SETS, "--repeats", "2", "--param", "ppo.num_steps=8,16",
+                 "--out", str(out), "--quiet"])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    assert "| ppo.num_steps | env_steps_per_sec" in stdout and "| 16 |" in stdout
+    data = json.loads((out / "sweep.json").read_text(encoding="utf-8"))
+    assert [p["values"] for p in data["points"]] == [{"ppo.num_steps": "8"}, {"ppo.num_steps": "16"}]
+    assert all(len(p["env_steps_per_sec"]["samples"]) == 2 for p in data["points"])
+    assert data["points"][0]["vs_first"]["median"] == 1.0
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
