@@ -10,16 +10,14 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import yaml
 from rich.console import Console
 
-from reference_trainers.common import distributed
 from reference_trainers.common.config import ConfigError, to_plain_dict
 
 from . import cli_analysis as analysis
-from .checkpoints import Checkpointing
 from .cli_options import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from .errors import UserError
 from .interrupts import stop_on_signals
@@ -27,6 +25,9 @@ from .presets import VARIANTS, VariantSpec, list_presets, specs_for
 from .compare import Pair, comparison_table
 from .report import results_table
 from .results import check_writable, load_results, save_results
+
+if TYPE_CHECKING:
+    from .checkpoints import Checkpointing
 
 
 
@@ -93,6 +94,8 @@ def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing
     """Run resolved specs (``run`` and ``gate --run``): progress on stderr, table on stdout, ``--out`` written.
 
     Under torchrun every rank trains; rank 0 alone prints and writes ``--out``."""
+    from reference_trainers.common import distributed
+
     from .runner import run_variants
 
     main_process = distributed.is_main_process()
@@ -125,6 +128,8 @@ def _console() -> Console:
 
 def _join_process_group(resolutions: list) -> None:
     """Under ``distributed.enabled`` (checked against torchrun's environment), join the process group."""
+    from reference_trainers.common import distributed
+
     enabled = {r.config.distributed.enabled for r in resolutions}
     if len(enabled) > 1:
         raise UserError("distributed.enabled: every variant of a run must agree (set it with --set for all of them)")
@@ -134,8 +139,8 @@ def _join_process_group(resolutions: list) -> None:
 
 def _checkpointing(args: argparse.Namespace, specs: list, resolutions: list) -> Checkpointing | None:
     """``--checkpoint-every`` / ``--checkpoint-dir`` / ``--resume``, checked before anything runs."""
-    from .checkpoints import (check_envs, check_every, default_directory, file_name, load_run_checkpoint,
-                              resume_file)
+    from .checkpoints import (Checkpointing, check_envs, check_every, default_directory, file_name,
+                              load_run_checkpoint, resume_file)
 
     check_every(args.checkpoint_every)
     if args.checkpoint_every is None and args.resume is None:
@@ -158,6 +163,8 @@ def _checkpointing(args: argparse.Namespace, specs: list, resolutions: list) -> 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from reference_trainers.common import distributed
+
     from .runner import resolve_specs
 
     specs = specs_for(args.target, args.variant, user_overrides(args))

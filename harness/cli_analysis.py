@@ -15,7 +15,6 @@ from .cli_options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_optio
 from .errors import UserError
 from .presets import VARIANTS, specs_for
 from .results import save_results
-from .runner import resolve_specs
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -104,6 +103,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     specs = sweep.sweep_specs(args.target, args.variant, params, overrides)
     preset = specs[0].preset
     out = check_output_dir(args.out or Path(f"sweep-{preset}"))
+    from .runner import resolve_specs
+
     device = resolve_specs(specs[:1])[0].device
     _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
     runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
@@ -127,6 +128,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     overrides = _with_defaults(args, **{"run.steps": diagnose.DIAGNOSE_DEFAULT_STEPS, "run.repeats": 1})
     (spec,) = specs_for(args.target, args.variant, overrides)
+    from .runner import resolve_specs
+
     (resolution,) = resolve_specs([spec])
     text = not args.json
     env_report = environment_report(compile_device=resolution.device.type, check_compile=not args.no_compile_check)
