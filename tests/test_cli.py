@@ -534,3 +534,12 @@ def test_python_m_harness_runs_a_quiet_optimized_variant(tmp_path: Path) -> None
     assert "env_steps_per_sec" in proc.stdout
     (run,) = read_json(out)["runs"]
     assert run["variant"] == "optimized" and run["status"] == "ok"
+
+
+def test_importing_the_cli_loads_no_torch() -> None:
+    """``record``, ``compare``, ``presets`` and ``gate`` on files answer fast: torch loads only to train."""
+    import subprocess
+    import sys
+
+    code = "import sys, harness.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
