@@ -193,7 +193,7 @@ class SB3Trainer:
         _, self.callback = self.model._setup_learn(self.total_timesteps, None, True, "rlgauge", False)
         self.callback.on_training_start(locals(), globals())
         self.num_envs = c.env.num_envs
-        self.env_steps = self.agent_steps = self.updates = 0
+        self.env_steps = self.agent_steps = self.updates = self.iterations = 0
 
     @property
     def next_obs(self) -> np.ndarray:
@@ -221,6 +221,7 @@ class SB3Trainer:
         self.env_steps += frames
         self.agent_steps += frames
         self.updates += updates
+        self.iterations += 1
         return IterationResult(frames, frames, updates)
 
     def _dqn_iteration(self) -> int:

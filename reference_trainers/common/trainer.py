@@ -2,7 +2,7 @@
 
 A trainer is built as ``Trainer(config, probe=None, resolution=None)`` and offers
 ``iterate() -> IterationResult``, ``select_actions(obs)``, ``activate()``,
-``mean_recent_return()``, ``compile_fallback``, ``nonfinite_events``, ``next_obs``,
+``mean_recent_return()``, ``compile_fallback``, ``nonfinite_events``, ``next_obs``, ``iterations``,
 ``env_steps``, ``last_stats`` and ``close()``. ``harness.runner`` uses nothing else.
 """
 
