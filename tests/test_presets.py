@@ -19,6 +19,7 @@ from conftest import TINY
 from harness.errors import UserError
 from harness.presets import PRESET_DIR, VARIANTS, list_presets, load_preset, preset_names, specs_for
 from harness.runner import run_variants
+from reference_trainers.common.atari import register_atari_envs
 from reference_trainers.common.config import ConfigError, OptimizationsConfig
 from reference_trainers.common.resolve import resolve_config
 
@@ -30,6 +31,7 @@ IMPLEMENTATION_KEYS = ("env.vectorization", "optimizations.")
 
 
 def _continuous(name: str) -> bool:
+    register_atari_envs()
     env = gym.make(yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text(encoding="utf-8"))["config"]["env"]["id"])
     try:
         return isinstance(env.action_space, gym.spaces.Box)
