@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
 
 if TYPE_CHECKING:
     from .atari import AtariSettings
@@ -95,10 +96,11 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self._frames_per_step = atari.frame_skip if atari is not None else 1
         self._pool = self._build(seed=0)
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "backend": "envpool"}
-        self.single_observation_space = self._pool.single_observation_space
-        self.single_action_space = self._pool.single_action_space
-        self.observation_space = self._pool.observation_space
-        self.action_space = self._pool.action_space
+        # EnvPool's own ``action_space`` is the single space; batch both as gymnasium does
+        self.single_observation_space = self._pool.observation_space
+        self.single_action_space = self._pool.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._seed = 0
         self._resetting = np.zeros(self.num_envs, dtype=np.bool_)
 
@@ -119,7 +121,10 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
                      "_frames": np.ones(self.num_envs, dtype=np.bool_)}
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self._pool.step(np.asarray(actions))
+        actions = np.asarray(actions)
+        if actions.shape[:1] != (self.num_envs,):  # EnvPool reads num_envs actions, whatever it is given
+            raise ValueError(f"expected a batch of {self.num_envs} actions, got shape {actions.shape}")
+        obs, reward, terminated, truncated, info = self._pool.step(actions)
         frames = np.where(self._resetting, 0, self._frames_per_step).astype(np.int64)
         self._resetting = np.logical_or(terminated, truncated)
         info = {**info, "frames": frames, "_frames": np.ones(self.num_envs, dtype=np.bool_)}
