@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from harness.parity import EXACT, TOLERANCES
 from pixel_env import PIXEL_ENV
 from reference_trainers import build_trainer
+from reference_trainers.common import device as dev
 from reference_trainers.common.buffers import FrameStorage, ListStorage, make_replay
 from reference_trainers.common.config import ConfigError, ModelConfig, build_config
 from reference_trainers.common.networks import ActorCritic, IQNNetwork, NatureCNN, QNetwork, normalise_pixels
@@ -21,7 +23,8 @@ from reference_trainers.common.resolve import resolve_config
 from reference_trainers.common.speedups import HostToDevice
 
 CPU = torch.device("cpu")
-PIXELS = ["device=cpu", f"env.id={PIXEL_ENV}", "env.num_envs=2", "env.vectorization=sync", "seed=3"]
+PIXELS = ["device=cpu", f"env.id={PIXEL_ENV}", "env.num_envs=2", "env.vectorization=sync", "seed=3",
+          "optimizations.torch_threads=1"]  # tiny convolutions: one thread (see strategies.PIXEL_OVERRIDES)
 TINY_ALGO = {
     "ppo": ["algo=ppo", "ppo.num_steps=8", "ppo.num_minibatches=4", "ppo.update_epochs=2"],
     "dqn": ["algo=dqn", "dqn.buffer_size=64", "dqn.batch_size=4", "dqn.learning_starts=8", "dqn.gradient_steps=3",
@@ -33,6 +36,8 @@ TINY_ALGO = {
 
 
 def train(algo: str, *overrides: str, iterations: int = 2) -> tuple[dict[str, torch.Tensor], object]:
+    """Train on the pixel env; process settings (threads) are restored so runs start alike."""
+    saved = dev.process_settings()
     trainer = build_trainer(resolve_config(build_config({}, PIXELS + TINY_ALGO[algo] + list(overrides))))
     try:
         for _ in range(iterations):
@@ -40,12 +45,15 @@ def train(algo: str, *overrides: str, iterations: int = 2) -> tuple[dict[str, to
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}, trainer
     finally:
         trainer.close()
+        dev.restore_process_settings(saved)
 
 
 def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Within the exact parity class: identical maths, only kernel round-off may differ."""
+    tol = TOLERANCES[EXACT]
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=0, msg=name)
+        torch.testing.assert_close(a[name], b[name], rtol=tol.rtol, atol=tol.atol)
 
 
 # --------------------------------------------------------------------------- body choice
