@@ -39,7 +39,9 @@ def _continuous(name: str) -> bool:
         env.close()
 
 
-RUNNABLE = NAMES
+PIXEL_PRESETS = {name for name in NAMES if name.endswith("-pong")}
+"""Atari presets train a Nature CNN: their tiny-size runs take minutes on 2 CPU cores."""
+RUNNABLE = [pytest.param(name, marks=pytest.mark.slow) if name in PIXEL_PRESETS else name for name in NAMES]
 
 
 def _leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
