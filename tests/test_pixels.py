@@ -216,3 +216,16 @@ def test_num_workers_prefetches_list_replay_gathers_identically() -> None:
     inline, _ = train("dqn", "optimizations.replay=list")
     prefetched, _ = train("dqn", "optimizations.replay=list", "optimizations.num_workers=2")
     assert_same_params(inline, prefetched)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_uint8_transfer_stages_uint8_frames_in_pinned_memory_on_cuda() -> None:
+    frames = np.random.default_rng(2).integers(0, 256, size=(4, 2, 36, 36), dtype=np.uint8)
+    cuda = torch.device("cuda")
+    kept = HostToDevice(cuda, pinned=True, non_blocking=True, uint8=True)
+    out = kept.observations(frames, "obs")
+    staged = kept._staging["obs"]
+    assert out.device.type == "cuda" and out.dtype == torch.uint8
+    assert staged.dtype == torch.uint8 and staged.is_pinned()
+    plain = HostToDevice(cuda).observations(frames, "obs")
+    assert torch.equal(normalise_pixels(out), normalise_pixels(plain))
