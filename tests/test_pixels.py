@@ -14,6 +14,7 @@ from harness.parity import EXACT, TOLERANCES
 from pixel_env import PIXEL_ENV
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
+from reference_trainers.common.atari import is_image_space
 from reference_trainers.common.buffers import FrameStorage, ListStorage, make_replay
 from reference_trainers.common.config import ConfigError, ModelConfig, build_config
 from reference_trainers.common.networks import ActorCritic, IQNNetwork, NatureCNN, QNetwork, normalise_pixels
@@ -84,6 +85,13 @@ def test_pixel_settings_that_cannot_work_are_one_line_config_errors(overrides: l
 def test_pixel_keys_are_validated(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         build_config({}, [f"{key}={value}"])
+
+
+def test_only_channels_first_uint8_images_count_as_images() -> None:
+    box = lambda shape, dtype=np.uint8: gym.spaces.Box(0, 255, shape, dtype)  # noqa: E731
+    assert is_image_space(box((4, 84, 84))) and is_image_space(box((2, 36, 36)))
+    assert not is_image_space(box((210, 160, 3)))  # a raw channels-last Atari screen
+    assert not is_image_space(box((4, 84, 84), np.float32)) and not is_image_space(box((84, 84)))
 
 
 def test_nature_cnn_has_the_paper_shapes_and_scales_by_255() -> None:

@@ -108,5 +108,8 @@ def make_atari_env(env_id: str, settings: AtariSettings, env_kwargs: dict[str, A
 
 
 def is_image_space(space: gym.Space) -> bool:
-    """A uint8 Box of shape (channels, height, width): what the Nature CNN takes."""
-    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+    """A uint8 Box of shape (channels, height, width), channels first (fewer channels than
+    pixels a side, so a raw (210, 160, 3) Atari screen is not taken for 210 channels): what the
+    Nature CNN takes."""
+    return (isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+            and space.shape[0] < min(space.shape[1:]))
