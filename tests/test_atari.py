@@ -73,12 +73,15 @@ def test_missing_ale_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
         check_env_id("ALE/NoSuchGame-v5")
 
 
-def test_pong_resolves_to_the_cnn_body_and_uint8_transfer() -> None:
+def test_pong_resolves_to_the_cnn_body_and_uint8_transfer_off_on_the_cpu() -> None:
     resolution = resolve_config(build_config({}, ["device=cpu", f"env.id={PONG}", "env.preprocessing=atari",
                                                   "env.vectorization=sync", "optimizations.uint8_transfer=auto"]))
     assert resolution.config.model.body == "cnn"
-    assert resolution.config.optimizations.uint8_transfer is True
-    assert "uint8_transfer" in " ".join(resolution.reasons)
+    assert resolution.config.optimizations.uint8_transfer is False  # no host->device copy on the CPU
+    assert "no host->device copy" in resolution.reasons["optimizations.uint8_transfer"]
+    explicit = resolve_config(build_config({}, ["device=cpu", f"env.id={PONG}", "env.preprocessing=atari",
+                                                "env.vectorization=sync", "optimizations.uint8_transfer=true"]))
+    assert explicit.config.optimizations.uint8_transfer is True  # still measurable on the CPU
 
 
 # --------------------------------------------------------------------------- envpool

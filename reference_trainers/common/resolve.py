@@ -192,9 +192,12 @@ def _resolve_observations(config: TrainConfig, reasons: dict[str, str]) -> None:
             raise ConfigError(f"model.body: 'cnn' needs images of at least {MIN_CNN_SIDE}x{MIN_CNN_SIDE} pixels, "
                               f"{config.env.id!r} has {space.shape}; accepted: mlp")
     if o.uint8_transfer == "auto":
-        o.uint8_transfer = _pick(reasons, "optimizations.uint8_transfer", model.body == "cnn",
-                                 "uint8 pixels cross as one byte each and are normalised on the device"
-                                 if model.body == "cnn" else "only image observations with the cnn body are uint8")
+        cpu = config.device.startswith("cpu")
+        why = ("only image observations with the cnn body are uint8" if model.body != "cnn"
+               else "on the CPU there is no host->device copy to shrink, and scaling in the network adds a "
+                    "conversion per forward" if cpu
+               else "uint8 pixels cross as one byte each and are normalised on the device")
+        o.uint8_transfer = _pick(reasons, "optimizations.uint8_transfer", model.body == "cnn" and not cpu, why)
     if o.uint8_transfer and model.body != "cnn":
         raise ConfigError("optimizations.uint8_transfer: true needs uint8 image observations and model.body cnn, "
                           f"{config.env.id!r} has {space}; accepted here: false or auto")
