@@ -57,8 +57,8 @@ class DQNTrainer(ValueTrainer):
 
     algo = "dqn"
 
-    def build_network(self, obs_dim: int, num_actions: int) -> nn.Module:
-        return QNetwork(obs_dim, num_actions, self.config.model)
+    def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
+        return QNetwork(obs_shape, num_actions, self.config.model)
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         return self.forward(obs)

@@ -93,8 +93,8 @@ class IQNTrainer(ValueTrainer):
 
     algo = "iqn"
 
-    def build_network(self, obs_dim: int, num_actions: int) -> nn.Module:
-        return IQNNetwork(obs_dim, num_actions, self.config.model, self.hp.quantile_embedding_dim)
+    def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
+        return IQNNetwork(obs_shape, num_actions, self.config.model, self.hp.quantile_embedding_dim)
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         """Risk-neutral Q-values: the mean of K quantiles at fresh fractions, per row."""

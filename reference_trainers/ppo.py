@@ -20,10 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import distributed
+from .common.atari import is_image_space
 from .common.config import ConfigError, TrainConfig
-from .common.envs import EpisodeTracker, frames_in_step, make_vector_env
+from .common.envs import EpisodeTracker, frames_in_step, vector_env_from_config
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic
+from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
 from .common.speedups import HostToDevice
@@ -146,13 +148,15 @@ class PPOTrainer(Checkpointable):
         torch.manual_seed(c.seed)  # the network starts alike on every rank
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-        self.envs = make_vector_env(c.env.id, c.env.num_envs, c.env.vectorization,
-                                    action_repeat=c.env.action_repeat, env_kwargs=c.env.kwargs)
+        self.envs = vector_env_from_config(c.env)
         obs, _ = self.envs.reset(seed=seed)
         self.envs.action_space.seed(seed)
         self.num_envs = c.env.num_envs
         self.next_obs = obs
-        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        space = self.envs.single_observation_space
+        self.obs_dim = int(np.prod(space.shape))
+        self.frames = c.model.body == "cnn" and is_image_space(space)
+        self.obs_shape: tuple[int, ...] = tuple(space.shape) if self.frames else (self.obs_dim,)
         action_space = self.envs.single_action_space
         self.model = self.build_model(action_space).to(self.device)
         self.discrete = self.model.discrete
@@ -161,7 +165,9 @@ class PPOTrainer(Checkpointable):
             self.action_high = action_space.high.astype(np.float32)
 
         # optimisations, each picking one path
-        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
+        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
+                                      uint8=bool(o.uint8_transfer))
+        self.prefetcher = Prefetcher(o.num_workers)
         self.learner = Learner(self.model, self._minibatch_loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
@@ -177,7 +183,7 @@ class PPOTrainer(Checkpointable):
         if self.config.model.recurrent != "none":
             raise ConfigError(f"model.recurrent: {self.config.model.recurrent!r} needs RecurrentPPOTrainer "
                               "(reference_trainers.build_trainer picks it); PPOTrainer accepts: none")
-        return ActorCritic(self.obs_dim, action_space, self.config.model)
+        return ActorCritic(self.obs_shape, action_space, self.config.model)
 
     # the update machinery lives in the shared Learner; these are its parts, by their old names
     optimizer = property(lambda self: self.learner.optimizer)
@@ -201,7 +207,9 @@ class PPOTrainer(Checkpointable):
     def _allocate_storage(self) -> None:
         T, N, d = self.config.ppo.num_steps, self.num_envs, self.device
         zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=d)  # noqa: E731
-        self.obs_buf = zeros(T, N, self.obs_dim)
+        # uint8 frames are stored as they arrive with uint8_transfer (float32 values 0..255 otherwise)
+        obs_dtype = torch.uint8 if self.frames and self.config.optimizations.uint8_transfer else torch.float32
+        self.obs_buf = zeros(T, N, *self.obs_shape, dtype=obs_dtype)
         self.actions_buf = zeros(T, N, dtype=torch.int64) if self.discrete else zeros(T, N, *self.model.log_std.shape)
         self.logprobs_buf, self.values_buf, self.rewards_buf = zeros(T, N), zeros(T, N), zeros(T, N)
         self.terminated_buf, self.truncated_buf, self.valid_buf = zeros(T, N), zeros(T, N), zeros(T, N)
@@ -222,7 +230,7 @@ class PPOTrainer(Checkpointable):
         obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
         for i in range(self.num_envs):
             with probe.phase("transfer"):
-                obs_i = self.to_device(obs[i:i + 1].reshape(1, -1), "obs_row")
+                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
             with probe.phase("inference"):
                 action, logprob, value = self._policy(obs_i)
                 host_actions.append(action.cpu().numpy()[0])
@@ -235,7 +243,7 @@ class PPOTrainer(Checkpointable):
     def _act_batched(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
         """Optimised path: one host->device copy, batched forward (chunked), one host copy of actions."""
         with self.probe.phase("transfer"):
-            obs_t = self.to_device(obs.reshape(self.num_envs, -1), "obs")
+            obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
         with self.probe.phase("inference"):
             chunk = self.config.optimizations.inference_batch_size or self.num_envs
             if chunk >= self.num_envs:
@@ -297,9 +305,9 @@ class PPOTrainer(Checkpointable):
 
     def update(self) -> int:
         """GAE, then ``update_epochs`` passes of minibatch steps; returns optimiser steps taken."""
-        c, o = self.config, self.config.optimizations
+        c = self.config
         with self.probe.phase("inference"):
-            next_obs = self.to_device(self.next_obs.reshape(self.num_envs, -1), "obs")
+            next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
             _, _, next_value = self._policy(next_obs)
         with self.probe.phase("update"):
             self._set_learning_rate()
@@ -312,9 +320,10 @@ class PPOTrainer(Checkpointable):
             steps = 0
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(size, generator=self.generator, device=self.device)
-                for start in range(0, size, minibatch):
-                    idx = order[start:start + minibatch]
-                    self.learner.step(*(x[idx] for x in batch))
+                chunks = (order[start:start + minibatch] for start in range(0, size, minibatch))
+                # gathered inline, or ahead on background threads (num_workers) while earlier ones train
+                for minibatch_tensors in self.prefetcher.map(lambda idx: tuple(x[idx] for x in batch), chunks):
+                    self.learner.step(*minibatch_tensors)
                     steps += 1
         return steps
 
@@ -344,6 +353,7 @@ class PPOTrainer(Checkpointable):
         return self.tracker.mean_recent()
 
     def close(self) -> None:
+        self.prefetcher.close()
         self.envs.close()
 
 

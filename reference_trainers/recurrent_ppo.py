@@ -70,7 +70,7 @@ class RecurrentPPOTrainer(PPOTrainer):
         obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
         for i in range(self.num_envs):
             with probe.phase("transfer"):
-                obs_i = self.to_device(obs[i:i + 1].reshape(1, -1), "obs_row")
+                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, -1), "obs_row")
                 start_i = self.to_device(starts[i:i + 1], "start_row")
             with probe.phase("inference"):
                 action, logprob, value, state = self._recurrent_policy(obs_i, self.state[i:i + 1], start_i)
@@ -86,7 +86,7 @@ class RecurrentPPOTrainer(PPOTrainer):
         """Optimised path: one copy of observations and flags, every sub-env's state in one call (chunked)."""
         starts = self._take_starts()
         with self.probe.phase("transfer"):
-            obs_t = self.to_device(obs.reshape(self.num_envs, -1), "obs")
+            obs_t = self.to_device.observations(obs.reshape(self.num_envs, -1), "obs")
             starts_t = self.to_device(starts, "starts")
         with self.probe.phase("inference"):
             chunk = self.config.optimizations.inference_batch_size or self.num_envs
@@ -139,7 +139,7 @@ class RecurrentPPOTrainer(PPOTrainer):
         """GAE, then ``update_epochs`` passes over minibatches of whole sub-env sequences."""
         c = self.config
         with self.probe.phase("inference"):
-            next_obs = self.to_device(self.next_obs.reshape(self.num_envs, -1), "obs")
+            next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, -1), "obs")
             starts = self.to_device(self.starts.astype(np.float32), "starts")
             with torch.no_grad(), self.learner.autocast():
                 _, next_value, _ = self.forward(next_obs, self.state, starts)
@@ -151,11 +151,13 @@ class RecurrentPPOTrainer(PPOTrainer):
                          self.valid_buf, episode_starts(self.rollout_starts, self.valid_buf))
             per_minibatch = self.num_envs // c.ppo.num_minibatches
             steps = 0
+            gather = lambda envs: (*(x[:, envs] for x in sequences), self.rollout_state[envs])  # noqa: E731
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(self.num_envs, generator=self.generator, device=self.device)
-                for start in range(0, self.num_envs, per_minibatch):
-                    envs = order[start:start + per_minibatch]
-                    self.learner.step(*(x[:, envs] for x in sequences), self.rollout_state[envs])
+                chunks = (order[start:start + per_minibatch] for start in range(0, self.num_envs, per_minibatch))
+                # gathered inline, or ahead on background threads (num_workers) while earlier ones train
+                for minibatch in self.prefetcher.map(gather, chunks):
+                    self.learner.step(*minibatch)
                     steps += 1
         return steps
 

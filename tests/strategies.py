@@ -14,13 +14,18 @@ from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION
 from reference_trainers.common import device as dev
 
 PROPERTY_NUM_ENVS = 3
+PIXEL_OVERRIDES = ["env.id=pixel_env:PixelDot-v0", "model.body=cnn", "optimizations.torch_threads=1"]
+"""The tiny synthetic image env (tests/pixel_env.py, 2x36x36 uint8 frames) under the Nature CNN:
+pixel paths stay fast inside hypothesis examples (no Atari there). One intra-op thread: tiny
+convolutions on a busy 2-core machine run ~10x slower with two spinning OpenMP threads."""
 
 
 @st.composite
 def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cpu",
                         classes: tuple[str, ...] = (EXACT, FP_REORDER, REDUCED_PRECISION),
-                        compile_flags: bool = False) -> dict[str, Any]:
-    """Draw a set of non-plain flag values from the given parity classes."""
+                        compile_flags: bool = False, pixels: bool = False) -> dict[str, Any]:
+    """Draw a set of non-plain flag values from the given parity classes (``pixels``: for the
+    image env of ``PIXEL_OVERRIDES``, where ``uint8_transfer`` applies)."""
     import torch
 
     on_cuda = device.startswith("cuda")
@@ -40,6 +45,9 @@ def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cp
             combo["optimizations.sync_free_logging"] = True
         if algo in ("dqn", "iqn") and draw(st.booleans()):
             combo["optimizations.replay"] = "tensor"
+        maybe("optimizations.num_workers", st.sampled_from([None, 1, 2]))
+        if pixels and draw(st.booleans()):
+            combo["optimizations.uint8_transfer"] = True
         if on_cuda:
             if draw(st.booleans()):
                 combo["optimizations.pinned_memory"] = True

@@ -19,6 +19,7 @@ from conftest import TINY
 from harness.errors import UserError
 from harness.presets import PRESET_DIR, VARIANTS, list_presets, load_preset, preset_names, specs_for
 from harness.runner import run_variants
+from reference_trainers.common.atari import register_atari_envs
 from reference_trainers.common.config import ConfigError, OptimizationsConfig
 from reference_trainers.common.resolve import resolve_config
 
@@ -30,6 +31,7 @@ IMPLEMENTATION_KEYS = ("env.vectorization", "optimizations.")
 
 
 def _continuous(name: str) -> bool:
+    register_atari_envs()
     env = gym.make(yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text(encoding="utf-8"))["config"]["env"]["id"])
     try:
         return isinstance(env.action_space, gym.spaces.Box)
@@ -37,7 +39,9 @@ def _continuous(name: str) -> bool:
         env.close()
 
 
-RUNNABLE = NAMES
+PIXEL_PRESETS = {name for name in NAMES if name.endswith("-pong")}
+"""Atari presets train a Nature CNN: their tiny-size runs take minutes on 2 CPU cores."""
+RUNNABLE = [pytest.param(name, marks=pytest.mark.slow) if name in PIXEL_PRESETS else name for name in NAMES]
 
 
 def _leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

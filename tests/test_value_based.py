@@ -247,7 +247,7 @@ def test_replay_flag_picks_the_storage_and_its_copy_path(algo: str, kind: str, s
         for _ in range(12):
             trainer._env_step()
         with count_tensor_calls("tolist") as calls:
-            trainer._update_once()
+            trainer._update_phase(1)
         assert calls["tolist"] == tolist_per_update  # the list gathers sampled rows on the host
     finally:
         trainer.close()
@@ -265,7 +265,7 @@ def test_prioritized_replay_weights_the_loss_and_updates_priorities(algo: str) -
         batch_sizes: list[int] = []
         step = trainer.learner.step
         trainer.learner.step = lambda *batch: (batch_sizes.append(len(batch)), step(*batch))[1]
-        trainer._update_once()
+        trainer._update_phase(1)
         assert not torch.equal(before, sampler.sums)  # priorities now follow the TD errors
         assert batch_sizes == [{"dqn": 6, "iqn": 9}[algo]]  # the importance weights ride along
         assert trainer._beta() == pytest.approx(0.4 + 0.6 * trainer.agent_steps / trainer.hp.per_beta_steps)
@@ -326,7 +326,7 @@ def test_target_network_is_a_hard_copy_every_interval(algo: str) -> None:
             trainer._env_step()
         for update in range(1, 7):
             before = snapshot(trainer.target)
-            trainer._update_once()
+            trainer._update_phase(1)
             target, online = snapshot(trainer.target), snapshot(trainer.model)
             if update % 3:
                 assert_params_equal(target, before)

@@ -5,6 +5,7 @@ storage  ``ListStorage``   plain: a Python list of numpy transitions, minibatche
                            sample by sample and copied to the device per field
          ``TensorStorage`` preallocated device tensors, one host->device copy per insert,
                            device-side gather
+         ``FrameStorage``  the tensor storage for uint8 pixels: frames kept as uint8
 sampler  ``UniformSampler``      ``torch.randint`` with the buffer's own generator
          ``PrioritizedSampler``  proportional PER (``per.py``)
 
@@ -91,8 +92,9 @@ class ListStorage:
         next_obs = np.stack([r.next_obs for r in rows])
         bootstrap = np.array([r.bootstrap for r in rows], dtype=np.float32)
         put = self.to_device
-        return (put(obs, "replay_obs"), put(actions, "replay_actions", torch.int64), put(rewards, "replay_rewards"),
-                put(next_obs, "replay_next_obs"), put(bootstrap, "replay_bootstrap"))
+        return (put.observations(obs, "replay_obs"), put(actions, "replay_actions", torch.int64),
+                put(rewards, "replay_rewards"), put.observations(next_obs, "replay_next_obs"),
+                put(bootstrap, "replay_bootstrap"))
 
 
 class TensorStorage:
@@ -125,6 +127,37 @@ class TensorStorage:
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
         rows, d = self.rows[indices], self.obs_dim
         return (rows[:, :d], rows[:, 2 * d + 2].long(), rows[:, 2 * d], rows[:, d:2 * d], rows[:, 2 * d + 1])
+
+
+class FrameStorage:
+    """Optimised path for uint8 pixel observations: ``obs`` and ``next_obs`` in preallocated
+    uint8 device tensors (one byte a pixel, as the env gives them; float32 would take four),
+    reward, bootstrap and action packed in one float32 tensor. An insert is three copies (the
+    frames as uint8 with ``uint8_transfer``, else as float32 cast back on the device); a
+    minibatch is a device gather of uint8 frames, scaled by the network."""
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], device: torch.device, to_device: HostToDevice) -> None:
+        self.capacity = capacity
+        self.to_device = to_device
+        self.obs = torch.zeros((capacity, *obs_shape), dtype=torch.uint8, device=device)
+        self.next_obs = torch.zeros((capacity, *obs_shape), dtype=torch.uint8, device=device)
+        self.scalars = torch.zeros(capacity, 3, dtype=torch.float32, device=device)
+
+    def write(self, start: int, batch: TransitionBatch) -> None:
+        scalars = np.stack([batch.rewards, batch.bootstrap, batch.actions.astype(np.float32)], axis=1)
+        put = self.to_device
+        pairs = ((self.obs, put.observations(batch.obs, "replay_insert_obs")),
+                 (self.next_obs, put.observations(batch.next_obs, "replay_insert_next_obs")),
+                 (self.scalars, put(scalars, "replay_insert")))
+        first = min(len(batch), self.capacity - start)
+        for store, rows in pairs:
+            store[start:start + first] = rows[:first]
+            if first < len(batch):
+                store[:len(batch) - first] = rows[first:]
+
+    def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        scalars = self.scalars[indices]
+        return (self.obs[indices], scalars[:, 2].long(), scalars[:, 0], self.next_obs[indices], scalars[:, 1])
 
 
 class UniformSampler:
@@ -181,7 +214,15 @@ class ReplayBuffer:
         self.size = min(self.size + count, self.capacity)
 
     def sample(self, batch_size: int, beta: float = 1.0) -> Sample:
-        indices, weights = self.sampler.sample(self.size, batch_size, beta)
+        return self.gather(*self.draw(batch_size, beta))
+
+    def draw(self, batch_size: int, beta: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampler's half of ``sample``: (indices, importance weights or None)."""
+        return self.sampler.sample(self.size, batch_size, beta)
+
+    def gather(self, indices: torch.Tensor, weights: torch.Tensor | None) -> Sample:
+        """The storage's half of ``sample``: the minibatch at ``indices`` (safe on a worker thread
+        while no insert runs)."""
         return Sample(*self.storage.gather(indices), weights, indices)
 
     def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
@@ -199,11 +240,17 @@ class ReplayBuffer:
 
 
 def make_replay(kind: str, capacity: int, obs_dim: int, device: torch.device, to_device: HostToDevice,
-                generator: torch.Generator, prioritized: bool = False, alpha: float = 0.6, eps: float = 1e-6
-                ) -> ReplayBuffer:
-    """``replay: list|tensor`` picks the storage, ``prioritized_replay`` the sampler."""
-    storage: Storage = (TensorStorage(capacity, obs_dim, device, to_device) if kind == "tensor"
-                        else ListStorage(capacity, to_device))
+                generator: torch.Generator, prioritized: bool = False, alpha: float = 0.6, eps: float = 1e-6,
+                frame_shape: tuple[int, ...] | None = None) -> ReplayBuffer:
+    """``replay: list|tensor`` picks the storage, ``prioritized_replay`` the sampler; tensor
+    replay of uint8 frames (``frame_shape`` given) keeps them as uint8 in ``FrameStorage``."""
+    storage: Storage
+    if kind != "tensor":
+        storage = ListStorage(capacity, to_device)
+    elif frame_shape is not None:
+        storage = FrameStorage(capacity, frame_shape, device, to_device)
+    else:
+        storage = TensorStorage(capacity, obs_dim, device, to_device)
     sampler = (PrioritizedSampler(capacity, alpha, eps, device, generator) if prioritized
                else UniformSampler(device, generator))
     return ReplayBuffer(storage, sampler, capacity)

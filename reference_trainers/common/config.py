@@ -50,6 +50,24 @@ class _Section(BaseModel):
         return value
 
 
+class AtariConfig(_Section):
+    """Standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018), applied per sub-env
+    through gymnasium's ``AtariPreprocessing`` and ``FrameStackObservation`` (or EnvPool's own)."""
+
+    frame_skip: int = Field(4, ge=1, le=64)
+    """Emulator frames per agent step (max-pooled over the last two)."""
+    screen_size: int = Field(84, ge=36, le=1024)
+    """Square grey frames of this side (the Nature CNN needs at least 36)."""
+    stack: int = Field(4, ge=1, le=64)
+    """Most recent frames stacked into one observation (the CNN's input channels)."""
+    noop_max: int = Field(30, ge=0, le=1000)
+    """Up to this many no-op actions after each reset."""
+    terminal_on_life_loss: bool = False
+    """End the episode when a life is lost (off: Machado et al. 2018)."""
+    reward_clip: bool = True
+    """Clip rewards to their sign, as DQN does."""
+
+
 class EnvConfig(_Section):
     """Which environment and how its copies are stepped."""
 
@@ -57,18 +75,27 @@ class EnvConfig(_Section):
     """Any gymnasium id, including ``module:EnvName-v0`` for a user's own env."""
     num_envs: int = Field(8, ge=1, le=4096)
     """Sub-environments stepped per agent step."""
-    vectorization: Literal["serial", "sync", "async", "native", "auto"] = "serial"
+    vectorization: Literal["serial", "sync", "async", "native", "envpool", "auto"] = "serial"
     """serial: Python loop over single envs (plain); sync/async: gymnasium vector envs;
-    native: the env's own vectorised entry point; auto: chosen per env (reason recorded)."""
+    native: the env's own vectorised entry point; envpool: EnvPool's C++ thread pool
+    (``pip install rlgauge[envpool]``); auto: chosen per env (reason recorded)."""
     action_repeat: int = Field(1, ge=1, le=64)
     """Repeat each action k times, summing rewards (outcome-changing)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for ``gymnasium.make``."""
+    preprocessing: Literal["none", "atari"] = "none"
+    """none: observations as the env returns them; atari: the ``atari`` block below
+    (needs an ALE id such as ``ALE/Pong-v5``: ``pip install rlgauge[atari]``)."""
+    atari: AtariConfig = Field(default_factory=AtariConfig)
 
 
 class ModelConfig(_Section):
     """Network shape shared by actor and critic."""
 
+    body: Literal["mlp", "cnn", "auto"] = "auto"
+    """mlp: fully connected layers over flat observations; cnn: the Nature CNN torso
+    (Mnih et al. 2015) over (channels, height, width) pixels; auto: cnn for image
+    observation spaces, else mlp (the resolved value is recorded)."""
     hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
     activation: Literal["tanh", "relu"] = "tanh"
     recurrent: Literal["none", "lstm", "gru"] = "none"
@@ -190,6 +217,12 @@ class OptimizationsConfig(_Section):
     torch_threads: Union[Annotated[int, Field(ge=1, le=1024)], Auto, None] = None
     """Intra-op CPU threads while this trainer runs; None = torch's default (all cores).
     Small models spend more on thread hand-off than they gain from it."""
+    uint8_transfer: Union[bool, Auto] = False
+    """Plain: pixel observations become float32 on the host before the host->device copy.
+    On: they cross as uint8 (a quarter of the bytes) and are normalised on the device."""
+    num_workers: int = Field(0, ge=0, le=64)
+    """Background threads that assemble the next minibatches (PPO minibatch gathers,
+    DQN/IQN replay gathers) while the current update runs; 0 = inline (plain)."""
     replay: Literal["list", "tensor", "auto"] = "list"
     """DQN/IQN replay storage. list: a Python list of numpy transitions, converted per sampled
     minibatch (plain); tensor: preallocated device tensors, batched insert, device-side gather."""

@@ -2,7 +2,8 @@
 
 Every vector backend built here uses gymnasium's NEXT_STEP autoreset: the step after a sub-env ends
 returns that sub-env's reset observation with reward 0 and terminated = truncated = False, and the
-action given for it is ignored.
+action given for it is ignored. EnvPool (``envpool_env.py``) is adapted to the same convention.
+``env.preprocessing: atari`` wraps each serial/sync/async sub-env in ``atari.make_atari_env``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from . import partial_obs
+from . import atari, envpool_env, partial_obs
 from .async_env import CheckedAsyncVectorEnv
+from .atari import AtariSettings
+from .config import EnvConfig
 
 partial_obs.register()
 
-VECTORIZATION_MODES: tuple[str, ...] = ("serial", "sync", "async", "native")
+VECTORIZATION_MODES: tuple[str, ...] = ("serial", "sync", "async", "native", "envpool")
 
 _ACCEPTED_REQUESTS = ("auto", *VECTORIZATION_MODES)
 
@@ -69,6 +72,8 @@ def check_env_id(env_id: str) -> None:
             "'CartPole-v1' or 'module:EnvName-vN'"
         )
     module, name = _split_module(env_id)
+    if name not in gym.registry and atari.looks_like_atari(name) and not atari.register_atari_envs():
+        raise EnvConfigError(f"env.id: {env_id!r} needs ale-py, which is not installed: {atari.INSTALL_HINT}")
     if module is not None:
         try:
             importlib.import_module(module)
@@ -113,18 +118,39 @@ def _check_action_repeat(action_repeat: int) -> None:
         raise EnvConfigError(f"env.action_repeat: {action_repeat!r} is invalid; accepted: an integer >= 1")
 
 
-def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1) -> VectorizationChoice:
+def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1,
+                          preprocessing: str = "none") -> VectorizationChoice:
     """Turn a requested mode (one of VECTORIZATION_MODES or 'auto') into a concrete mode with a reason.
 
-    'auto' picks 'native' when the env has an importable vector entry point and action_repeat == 1,
-    else 'sync' (in-process envs beat subprocess ones for cheap envs on small machines).
+    'auto' picks 'envpool' for Atari when EnvPool is installed and provides the game (its C++
+    thread pool steps and preprocesses frames outside the GIL), else 'native' when the env has an
+    importable vector entry point and action_repeat == 1, else 'sync' (in-process envs beat
+    subprocess ones for cheap envs on small machines).
     """
     if requested not in _ACCEPTED_REQUESTS:
         raise EnvConfigError(
             f"env.vectorization: {requested!r} is not a vectorization mode; accepted: {_quoted(_ACCEPTED_REQUESTS)}"
         )
     _check_action_repeat(action_repeat)
-    native_ok, why = _native_status(_spec(env_id))
+    spec = _spec(env_id)
+    if requested == "envpool" or (requested == "auto" and preprocessing == "atari"):
+        pool_ok, pool_why = envpool_env.envpool_status(spec.id, preprocessing)
+        if requested == "envpool":
+            if not pool_ok:
+                raise EnvConfigError(f"env.vectorization: 'envpool' is not available: {pool_why}; "
+                                     f"accepted for {env_id!r}: {_quoted(('auto', 'serial', 'sync', 'async'))}")
+            if action_repeat > 1:
+                raise EnvConfigError(f"env.vectorization: 'envpool' cannot be used with env.action_repeat="
+                                     f"{int(action_repeat)}; accepted: env.atari.frame_skip for Atari, or action_repeat 1")
+            return VectorizationChoice("envpool", "requested explicitly")
+        if pool_ok and action_repeat == 1:
+            return VectorizationChoice("envpool", f"{pool_why}: C++ threads step and preprocess frames outside the GIL")
+        if preprocessing == "atari":
+            return VectorizationChoice("sync", f"{pool_why}, so in-process sync vectorization is used")
+    if preprocessing == "atari" and requested == "native":
+        raise EnvConfigError("env.vectorization: 'native' cannot apply env.preprocessing 'atari' per sub-env; "
+                             "accepted with atari preprocessing: 'auto', 'serial', 'sync', 'async', 'envpool'")
+    native_ok, why = _native_status(spec)
     if requested == "native":
         if not native_ok:
             raise EnvConfigError(
@@ -151,10 +177,16 @@ def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1
 
 def single_action_space(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Space:
     """The action space of one ``env_id`` env (built once, then closed)."""
+    return single_spaces(env_id, env_kwargs)[1]
+
+
+def single_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None,
+                  atari_settings: AtariSettings | None = None) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) of one sub-env as the trainers see it (built once, then closed)."""
     check_env_id(env_id)
-    env = gym.make(env_id, **(env_kwargs or {}))
+    env = _make_single(env_id, 1, dict(env_kwargs or {}), atari_settings)
     try:
-        return env.action_space
+        return env.observation_space, env.action_space
     finally:
         env.close()
 
@@ -177,12 +209,13 @@ class ActionRepeat(gym.Wrapper):
         return obs, {**info, "frames": 0}
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        total, frames = 0.0, 0
+        total, frames, steps = 0.0, 0, 0
         while True:
             obs, reward, terminated, truncated, info = self.env.step(action)
             total += float(reward)
-            frames += 1
-            if terminated or truncated or frames == self.k:
+            frames += int(info.get("frames", 1))  # a frame-skipping env below reports its own frames
+            steps += 1
+            if terminated or truncated or steps == self.k:
                 return obs, total, terminated, truncated, {**info, "frames": frames}
 
 
@@ -281,8 +314,14 @@ class SerialVectorEnv(gym.vector.VectorEnv):
             env.close()
 
 
-def _make_single(env_id: str, action_repeat: int, env_kwargs: dict[str, Any]) -> gym.Env:
-    env = gym.make(env_id, **env_kwargs)
+def _make_single(env_id: str, action_repeat: int, env_kwargs: dict[str, Any],
+                 atari_settings: AtariSettings | None = None) -> gym.Env:
+    if atari_settings is not None:
+        env = atari.make_atari_env(env_id, atari_settings, env_kwargs)
+    else:
+        if atari.looks_like_atari(env_id):
+            atari.register_atari_envs()  # a fresh subprocess has not registered the ALE ids yet
+        env = gym.make(env_id, **env_kwargs)
     return ActionRepeat(env, action_repeat) if action_repeat > 1 else env
 
 
@@ -293,12 +332,15 @@ def make_vector_env(
     *,
     action_repeat: int = 1,
     env_kwargs: dict[str, Any] | None = None,
+    atari_settings: AtariSettings | None = None,
 ) -> gym.vector.VectorEnv:
     """Build an un-reset NEXT_STEP vector env of ``num_envs`` copies of ``env_id`` with concrete ``mode``.
 
-    serial/sync/async sub-envs are ``gymnasium.make(env_id, **env_kwargs)``, wrapped in
-    ``ActionRepeat(action_repeat)`` when it is > 1; 'native' uses the spec's vector entry point; 'async'
-    workers that fail raise ``EnvWorkerError`` naming the sub-env (see ``async_env``).
+    serial/sync/async sub-envs are ``gymnasium.make(env_id, **env_kwargs)`` (preprocessed by
+    ``atari.make_atari_env`` when ``atari_settings`` is given), wrapped in
+    ``ActionRepeat(action_repeat)`` when it is > 1; 'native' uses the spec's vector entry point;
+    'envpool' builds EnvPool's vector env with the same preprocessing; 'async' workers that fail
+    raise ``EnvWorkerError`` naming the sub-env (see ``async_env``).
     The caller resets with a seed and seeds ``action_space``.
     """
     if mode not in VECTORIZATION_MODES:
@@ -308,11 +350,14 @@ def make_vector_env(
         )
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise EnvConfigError(f"env.num_envs: {num_envs!r} is invalid; accepted: an integer >= 1")
-    resolve_vectorization(env_id, mode, action_repeat=action_repeat)
+    resolve_vectorization(env_id, mode, action_repeat=action_repeat,
+                          preprocessing="none" if atari_settings is None else "atari")
     kwargs = dict(env_kwargs or {})
     if mode == "native":
         return gym.make_vec(env_id, num_envs=int(num_envs), vectorization_mode="vector_entry_point", **kwargs)
-    env_fns = [partial(_make_single, env_id, int(action_repeat), kwargs) for _ in range(int(num_envs))]
+    if mode == "envpool":
+        return envpool_env.EnvPoolVectorEnv(_spec(env_id).id, int(num_envs), atari_settings, kwargs)
+    env_fns = [partial(_make_single, env_id, int(action_repeat), kwargs, atari_settings) for _ in range(int(num_envs))]
     if mode == "serial":
         return SerialVectorEnv(env_fns)
     if mode == "sync":
@@ -383,3 +428,14 @@ class EpisodeTracker:
     def mean_recent_length(self) -> float | None:
         """Mean length (env steps, reset steps excluded) of the last ``window`` completed episodes."""
         return float(np.mean(self._recent_lengths)) if self._recent_lengths else None
+
+
+def vector_env_from_config(env: EnvConfig) -> gym.vector.VectorEnv:
+    """``make_vector_env`` for a validated ``env`` config section with a concrete vectorization."""
+    return make_vector_env(env.id, env.num_envs, env.vectorization, action_repeat=env.action_repeat,
+                           env_kwargs=env.kwargs, atari_settings=atari_settings_from(env))
+
+
+def atari_settings_from(env: EnvConfig) -> AtariSettings | None:
+    """The Atari preprocessing of an ``env`` section, or None without it."""
+    return AtariSettings(**env.atari.model_dump()) if env.preprocessing == "atari" else None

@@ -1,4 +1,8 @@
-"""Network bodies: the PPO actor-critic, the DQN Q-network and the IQN quantile network (CleanRL initialisation)."""
+"""Network bodies: the PPO actor-critic, the DQN Q-network and the IQN quantile network (CleanRL initialisation).
+
+``model.body`` picks the torso: ``mlp`` over flat observations, or ``cnn``, the Nature CNN
+(Mnih et al. 2015) over (channels, height, width) pixels, shared by actor and critic.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from .config import ModelConfig
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
-def init_layer(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+def init_layer(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear | nn.Conv2d:
     """Orthogonal weights, constant bias (as in CleanRL / the PPO implementation details)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
@@ -32,34 +36,89 @@ def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out
     return nn.Sequential(*layers)
 
 
-class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; ``forward`` returns (actor output, value) in one call.
+class NatureCNN(nn.Module):
+    """The DQN torso (Mnih et al. 2015): conv 32 8x8/4, 64 4x4/2, 64 3x3/1, each ReLU, then a
+    512-unit ReLU layer (``features=512``) or the flat conv output (``features=None``).
 
+    Input (B, C, H, W), uint8 or float32 pixel values in [0, 255]; both are scaled by 1/255
+    here, on the device, so uint8 and float32 transfers feed the convolutions identical inputs.
+    """
+
+    def __init__(self, in_shape: tuple[int, ...], features: int | None = 512) -> None:
+        super().__init__()
+        channels, height, width = in_shape
+        self.conv = nn.Sequential(
+            init_layer(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+            init_layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            init_layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(),
+        )
+        side = lambda n: ((n - 8) // 4 + 1 - 4) // 2 + 1 - 2  # noqa: E731 - output side after the three convs
+        flat = 64 * side(height) * side(width)
+        self.fc = nn.Sequential(init_layer(nn.Linear(flat, features)), nn.ReLU()) if features else nn.Identity()
+        self.out_dim = features or flat
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(normalise_pixels(obs)))
+
+
+def normalise_pixels(obs: torch.Tensor) -> torch.Tensor:
+    """Pixels in [0, 255] (uint8 or float32) -> float32 in [0, 1]: the network's actual input."""
+    return obs.float() / 255.0
+
+
+def _action_dim(action_space: gym.Space) -> tuple[bool, int]:
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    if not discrete and not isinstance(action_space, gym.spaces.Box):
+        raise ValueError(f"env.id: action space {action_space} is not supported; accepted: Discrete, Box")
+    return discrete, int(action_space.n) if discrete else int(np.prod(action_space.shape))
+
+
+def _shape(obs_shape: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (int(obs_shape),) if isinstance(obs_shape, (int, np.integer)) else tuple(obs_shape)
+
+
+class ActorCritic(nn.Module):
+    """Actor and critic heads; ``forward`` returns (actor output, value) in one call.
+
+    ``body: mlp``: separate actor and critic MLPs over flat observations. ``body: cnn``: one
+    Nature CNN torso shared by a linear actor head and a linear critic head (CleanRL's Atari PPO).
     Discrete actions: the actor output is logits. Continuous (Box) actions: the actor output
     is the Gaussian mean and ``log_std`` is a state-independent parameter.
     """
 
-    def __init__(self, obs_dim: int, action_space: gym.Space, config: ModelConfig) -> None:
+    def __init__(self, obs_shape: int | tuple[int, ...], action_space: gym.Space, config: ModelConfig) -> None:
         super().__init__()
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"env.id: action space {action_space} is not supported; accepted: Discrete, Box")
-        out_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        self.critic = mlp(obs_dim, config.hidden_sizes, 1, config.activation, out_std=1.0)
-        self.actor = mlp(obs_dim, config.hidden_sizes, out_dim, config.activation, out_std=0.01)
+        self.discrete, out_dim = _action_dim(action_space)
+        shape = _shape(obs_shape)
+        if config.body == "cnn":
+            self.torso: nn.Module | None = NatureCNN(shape)
+            self.critic = init_layer(nn.Linear(self.torso.out_dim, 1), std=1.0)
+            self.actor = init_layer(nn.Linear(self.torso.out_dim, out_dim), std=0.01)
+        else:
+            self.torso = None
+            self.critic = mlp(int(np.prod(shape)), config.hidden_sizes, 1, config.activation, out_std=1.0)
+            self.actor = mlp(int(np.prod(shape)), config.hidden_sizes, out_dim, config.activation, out_std=0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out_dim))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.torso is not None:
+            obs = self.torso(obs)
         return self.actor(obs), self.critic(obs).squeeze(-1)
 
 
 class QNetwork(nn.Module):
-    """DQN: an MLP from observations to one Q-value per discrete action."""
+    """DQN: observations to one Q-value per discrete action (an MLP, or the Nature CNN and a linear head)."""
 
-    def __init__(self, obs_dim: int, num_actions: int, config: ModelConfig) -> None:
+    def __init__(self, obs_shape: int | tuple[int, ...], num_actions: int, config: ModelConfig) -> None:
         super().__init__()
-        self.net = mlp(obs_dim, config.hidden_sizes, num_actions, config.activation, out_std=1.0)
+        shape = _shape(obs_shape)
+        if config.body == "cnn":
+            torso = NatureCNN(shape)
+            self.net = nn.Sequential(torso, init_layer(nn.Linear(torso.out_dim, num_actions), std=1.0))
+        else:
+            self.net = mlp(int(np.prod(shape)), config.hidden_sizes, num_actions, config.activation, out_std=1.0)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)
@@ -79,22 +138,32 @@ class IQNNetwork(nn.Module):
 
     psi: the hidden layers but the last (at least one) embed the state; phi: a linear layer
     with ReLU over ``cosine_embedding(tau)``, to psi's width; f: the remaining hidden layers
-    and the linear head. ``forward(obs (B, obs_dim), taus (B, T)) -> quantiles (B, T, actions)``.
+    and the linear head. ``forward(obs (B, *obs_shape), taus (B, T)) -> quantiles (B, T, actions)``.
+    With ``body: cnn``, psi is the Nature CNN's convolutions (3136 features at 84x84) and f
+    one 512-unit ReLU layer and the head, as in Dopamine's IQN.
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, config: ModelConfig, embedding_dim: int) -> None:
+    def __init__(self, obs_shape: int | tuple[int, ...], num_actions: int, config: ModelConfig,
+                 embedding_dim: int) -> None:
         super().__init__()
-        sizes = config.hidden_sizes
-        split = max(1, len(sizes) - 1)
-        psi_layers: list[nn.Module] = []
-        width = obs_dim
-        for size in sizes[:split]:
-            psi_layers += [init_layer(nn.Linear(width, size)), _ACTIVATIONS[config.activation]()]
-            width = size
-        self.psi = nn.Sequential(*psi_layers)
+        shape = _shape(obs_shape)
+        if config.body == "cnn":
+            self.psi: nn.Module = NatureCNN(shape, features=None)
+            width = self.psi.out_dim
+            sizes, split, activation = [512], 0, "relu"
+        else:
+            activation = config.activation
+            sizes = config.hidden_sizes
+            split = max(1, len(sizes) - 1)
+            psi_layers: list[nn.Module] = []
+            width = int(np.prod(shape))
+            for size in sizes[:split]:
+                psi_layers += [init_layer(nn.Linear(width, size)), _ACTIVATIONS[config.activation]()]
+                width = size
+            self.psi = nn.Sequential(*psi_layers)
         self.embedding_dim = embedding_dim
         self.phi = init_layer(nn.Linear(embedding_dim, width))
-        self.f = mlp(width, sizes[split:], num_actions, config.activation, out_std=1.0)
+        self.f = mlp(width, sizes[split:], num_actions, activation, out_std=1.0)
 
     def forward(self, obs: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
         state = self.psi(obs)                                                        # (B, d)

@@ -18,7 +18,7 @@ import torch
 
 
 class TransitionBatch(NamedTuple):
-    """Host-side transitions, float32 (actions int64), ready for one replay insert."""
+    """Host-side transitions, float32 (actions int64; uint8 pixel observations stay uint8), ready for one replay insert."""
 
     obs: np.ndarray
     actions: np.ndarray
@@ -34,6 +34,12 @@ def _float32(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
+def _observations(x: np.ndarray) -> np.ndarray:
+    """uint8 pixels keep their dtype (a quarter of float32's memory); anything else becomes float32."""
+    x = np.asarray(x)
+    return x if x.dtype == np.uint8 else x.astype(np.float32, copy=False)
+
+
 class OneStepWriter:
     """Plain path (``n_step: 1``): every valid step is one transition, ``bootstrap = gamma * (1 - terminated)``."""
 
@@ -45,8 +51,8 @@ class OneStepWriter:
              terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray) -> TransitionBatch:
         keep = np.flatnonzero(valid)
         bootstrap = np.where(terminated[keep], np.float32(0.0), self.gamma).astype(np.float32)
-        return TransitionBatch(_float32(obs)[keep], np.asarray(actions, dtype=np.int64)[keep],
-                               _float32(rewards)[keep], _float32(next_obs)[keep], bootstrap)
+        return TransitionBatch(_observations(obs)[keep], np.asarray(actions, dtype=np.int64)[keep],
+                               _float32(rewards)[keep], _observations(next_obs)[keep], bootstrap)
 
     def state_dict(self) -> dict[str, Any]:
         """A one-step writer holds nothing between steps."""
@@ -66,24 +72,25 @@ class NStepWriter:
     after a truncation. Guarded by the brute-force comparison in tests/test_nstep.py.
     """
 
-    def __init__(self, num_envs: int, gamma: float, n: int, obs_shape: tuple[int, ...]) -> None:
+    def __init__(self, num_envs: int, gamma: float, n: int, obs_shape: tuple[int, ...],
+                 obs_dtype: type = np.float32) -> None:
         self.num_envs, self.n = num_envs, n
         powers = gamma ** np.arange(n + 1, dtype=np.float64)  # host numpy, cast below: never a tensor
         self.gamma_powers = powers.astype(np.float32)
         k, j = np.meshgrid(np.arange(n), np.arange(n))
         # discounts[j, k] = gamma ** (k - j) for k >= j: the return from slot j sums slots j..
         self.discounts = np.where(k >= j, powers[np.clip(k - j, 0, n)], 0.0).astype(np.float32)
-        self.obs = np.zeros((num_envs, n, *obs_shape), dtype=np.float32)
+        self.obs = np.zeros((num_envs, n, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros((num_envs, n), dtype=np.int64)
         self.rewards = np.zeros((num_envs, n), dtype=np.float32)
         self.count = np.zeros(num_envs, dtype=np.int64)
 
     def push(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
              terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray) -> TransitionBatch:
-        next_obs = _float32(next_obs)
+        next_obs = _observations(next_obs)
         live = np.flatnonzero(valid)
         slot = self.count[live]
-        self.obs[live, slot] = _float32(obs)[live]
+        self.obs[live, slot] = _observations(obs)[live]
         self.actions[live, slot] = np.asarray(actions, dtype=np.int64)[live]
         self.rewards[live, slot] = _float32(rewards)[live]
         self.count[live] += 1
@@ -125,6 +132,8 @@ class NStepWriter:
         return out
 
 
-def make_writer(num_envs: int, gamma: float, n_step: int, obs_shape: tuple[int, ...]) -> OneStepWriter | NStepWriter:
+def make_writer(num_envs: int, gamma: float, n_step: int, obs_shape: tuple[int, ...],
+                obs_dtype: type = np.float32) -> OneStepWriter | NStepWriter:
     """``n_step: 1`` -> the plain one-step writer; ``n_step > 1`` -> the chunked n-step writer."""
-    return OneStepWriter(num_envs, gamma) if n_step == 1 else NStepWriter(num_envs, gamma, n_step, obs_shape)
+    return (OneStepWriter(num_envs, gamma) if n_step == 1
+            else NStepWriter(num_envs, gamma, n_step, obs_shape, obs_dtype))

@@ -14,7 +14,8 @@ import torch
 from . import device as dev
 from . import distributed
 from .config import ConfigError, TrainConfig
-from .envs import EnvConfigError, check_env_id, resolve_vectorization, single_action_space
+from .atari import is_ale_env, is_image_space
+from .envs import EnvConfigError, atari_settings_from, check_env_id, resolve_vectorization, single_spaces
 
 VALUE_BASED = ("dqn", "iqn")
 
@@ -48,12 +49,21 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     try:
         check_env_id(resolved.env.id)
-        choice = resolve_vectorization(resolved.env.id, resolved.env.vectorization, action_repeat=resolved.env.action_repeat)
+        if resolved.env.preprocessing == "atari" and not is_ale_env(resolved.env.id):
+            raise EnvConfigError(f"env.preprocessing: 'atari' needs an ALE env id (e.g. 'ALE/Pong-v5'), "
+                                 f"{resolved.env.id!r} is not one; accepted for it: 'none'")
+        choice = resolve_vectorization(resolved.env.id, resolved.env.vectorization, action_repeat=resolved.env.action_repeat,
+                                       preprocessing=resolved.env.preprocessing)
     except EnvConfigError as exc:
         raise ConfigError(str(exc)) from None
     if resolved.env.vectorization == "auto":
         reasons["env.vectorization"] = f"{choice.mode} ({choice.reason})"
     resolved.env.vectorization = choice.mode
+    spaces = _spaces(resolved)  # one env built with env.kwargs: a bad keyword fails here, not mid-run
+    _resolve_observations(resolved, reasons, spaces[0])
+    if resolved.model.recurrent != "none" and resolved.model.body == "cnn":
+        raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} runs on the MLP body; accepted with image "
+                          "observations (model.body: cnn): none")
 
     def need_cuda(name: str, value: object) -> None:
         if value is True and not on_cuda:
@@ -109,7 +119,8 @@ def resolve_config(config: TrainConfig) -> Resolution:
         raise ConfigError(f"optimizations.optimizer_impl: 'fused' Adam is not available on {kind} with torch {torch.__version__}; accepted here: forloop, foreach")
 
     if o.torch_threads == "auto":
-        rows, width = update_rows(resolved), max(resolved.model.hidden_sizes)
+        rows = update_rows(resolved)
+        width = 512 if resolved.model.body == "cnn" else max(resolved.model.hidden_sizes)
         small = width <= 256 and rows * width <= SMALL_UPDATE_ELEMENTS
         why = (f"one thread: a {rows}x{width} update is too small to split across threads" if small
                else f"torch default: a {rows}x{width} update keeps every core busy")
@@ -137,10 +148,14 @@ def resolve_config(config: TrainConfig) -> Resolution:
         if o.cuda_graphs:
             raise ConfigError(f"optimizations.cuda_graphs: true cannot capture the recurrent update (a Python loop "
                               f"over time steps); accepted with model.recurrent {resolved.model.recurrent!r}: false or auto")
+    if o.num_workers and resolved.algo in VALUE_BASED and getattr(resolved, resolved.algo).prioritized_replay:
+        raise ConfigError(f"optimizations.num_workers: {o.num_workers} cannot prefetch prioritized minibatches "
+                          f"(each draw needs the previous update's priorities); accepted with "
+                          f"{resolved.algo}.prioritized_replay: 0")
 
-    space = _checked_action_space(resolved)
+    action_space = spaces[1]
     if resolved.algo in VALUE_BASED:
-        _resolve_value_based(resolved, reasons, space)
+        _resolve_value_based(resolved, reasons, action_space)
     else:
         _resolve_ppo(resolved, reasons)
     return Resolution(resolved, device, reasons)
@@ -187,16 +202,6 @@ def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
         o.replay = _pick(reasons, "optimizations.replay", "list", "ppo keeps no replay buffer")
 
 
-def _checked_action_space(config: TrainConfig) -> gym.Space:
-    """Build one env with ``env.kwargs`` (so a bad keyword fails here, not mid-run); its action space."""
-    try:
-        return single_action_space(config.env.id, config.env.kwargs)
-    except Exception as exc:  # the env could not be built with these kwargs
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise ConfigError(f"env.kwargs: gymnasium.make({config.env.id!r}, **{config.env.kwargs!r}) failed: "
-                          f"{detail[:300]}") from None
-
-
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
@@ -211,6 +216,45 @@ def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gy
         raise ConfigError(f"env.id: {algo} needs a Discrete action space, {config.env.id!r} has {space}; "
                           "accepted: an env with discrete actions (e.g. CartPole-v1, Acrobot-v1), or algo: ppo")
 
+
+def _spaces(config: TrainConfig) -> tuple[gym.Space, gym.Space]:
+    """One sub-env's (observation, action) spaces, as the trainers will see them."""
+    try:
+        return single_spaces(config.env.id, config.env.kwargs, atari_settings_from(config.env))
+    except Exception as exc:  # the env could not be built with these kwargs
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ConfigError(f"env.kwargs: gymnasium.make({config.env.id!r}, **{config.env.kwargs!r}) failed: "
+                          f"{detail[:300]}") from None
+
+
+def _resolve_observations(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
+    """``model.body`` and ``optimizations.uint8_transfer`` follow the observation space."""
+    model, o = config.model, config.optimizations
+    image = is_image_space(space)
+    if model.body == "auto":
+        model.body = _pick(reasons, "model.body", "cnn" if image else "mlp",
+                           f"observations {space} are {'' if image else 'not '}uint8 (channels, height, width) images")
+    if model.body == "cnn":
+        if not image:
+            raise ConfigError(f"model.body: 'cnn' needs uint8 (channels, height, width) image observations, "
+                              f"{config.env.id!r} has {space}; accepted: mlp or auto (or env.preprocessing: atari)")
+        if min(space.shape[1:]) < MIN_CNN_SIDE:
+            raise ConfigError(f"model.body: 'cnn' needs images of at least {MIN_CNN_SIDE}x{MIN_CNN_SIDE} pixels, "
+                              f"{config.env.id!r} has {space.shape}; accepted: mlp")
+    if o.uint8_transfer == "auto":
+        cpu = config.device.startswith("cpu")
+        why = ("only image observations with the cnn body are uint8" if model.body != "cnn"
+               else "on the CPU there is no host->device copy to shrink, and scaling in the network adds a "
+                    "conversion per forward" if cpu
+               else "uint8 pixels cross as one byte each and are normalised on the device")
+        o.uint8_transfer = _pick(reasons, "optimizations.uint8_transfer", model.body == "cnn" and not cpu, why)
+    if o.uint8_transfer and model.body != "cnn":
+        raise ConfigError("optimizations.uint8_transfer: true needs uint8 image observations and model.body cnn, "
+                          f"{config.env.id!r} has {space}; accepted here: false or auto")
+
+
+MIN_CNN_SIDE = 36
+"""The Nature CNN's 8x8/4, 4x4/2, 3x3/1 convolutions leave one pixel of a 36x36 image."""
 
 SMALL_UPDATE_ELEMENTS = 65536
 """Rows x width of an update's activations up to which one CPU thread is fastest: measured on
@@ -249,6 +293,8 @@ def optimisation_summary(config: TrainConfig) -> str:
         f"sync_free_logging={onoff(o.sync_free_logging)}",
         f"cuda_graphs={onoff(o.cuda_graphs)}",
         f"threads={o.torch_threads or 'default'}",
+        f"uint8_transfer={onoff(o.uint8_transfer)}",
+        f"num_workers={o.num_workers}",
     ]
     if config.algo in VALUE_BASED:
         parts.append(f"replay={o.replay}")

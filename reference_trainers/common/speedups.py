@@ -2,7 +2,8 @@
 
 compile_or_eager   torch.compile with a logged, recorded eager fallback
 make_adam          forloop / foreach / fused Adam
-HostToDevice       pageable blocking copies, or pinned staging + non_blocking copies
+HostToDevice       pageable blocking copies, or pinned staging + non_blocking copies;
+                   uint8 pixels as float32 from the host, or as uint8 (``uint8_transfer``)
 CudaGraphedStep    capture a fixed-shape step once, replay it (CUDA only)
 """
 
@@ -70,10 +71,12 @@ class HostToDevice:
     host first, so no float64 tensor is ever created (MPS has none).
     """
 
-    def __init__(self, device: torch.device, pinned: bool = False, non_blocking: bool = False) -> None:
+    def __init__(self, device: torch.device, pinned: bool = False, non_blocking: bool = False,
+                 uint8: bool = False) -> None:
         self.device = device
         self.pinned = pinned
         self.non_blocking = non_blocking
+        self.uint8 = uint8
         self._staging: dict[str, torch.Tensor] = {}
         self._copied: dict[str, torch.cuda.Event] = {}
 
@@ -95,6 +98,15 @@ class HostToDevice:
             self._copied[name] = torch.cuda.Event()
             self._copied[name].record()
         return out
+
+
+    def observations(self, array: np.ndarray, name: str) -> torch.Tensor:
+        """Copy observations. Plain path: float32 on the host, then the copy (4 bytes a pixel).
+        ``uint8=True`` (``optimizations.uint8_transfer``): uint8 pixels cross as uint8, one byte
+        each, through the same pinned staging, and the network scales them on the device
+        (``networks.normalise_pixels``). Guarded by ``test_uint8_transfer_feeds_identical_inputs``."""
+        keep = self.uint8 and array.dtype == np.uint8
+        return self(array, name, torch.uint8 if keep else torch.float32)
 
 
 _NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_, torch.uint8: np.uint8}

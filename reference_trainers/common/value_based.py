@@ -9,13 +9,16 @@ the target network follows every ``target_update_interval`` optimiser steps. An 
 Autoreset is gymnasium's NEXT_STEP on every backend: the step after an episode ends returns
 the reset observation, is not a transition and is never written to replay.
 Phases: replay inserts and minibatch sampling count as ``transfer`` (they move transitions
-to the device), the optimiser step and the target update as ``update``.
+to the device), the optimiser step and the target update as ``update``. With
+``optimizations.num_workers`` > 0 the minibatches of an update phase (``gradient_steps``) are
+gathered on background threads while earlier ones train; ``transfer`` then counts the wait.
 """
 
 from __future__ import annotations
 
 import abc
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -26,9 +29,11 @@ from . import distributed
 from .buffers import Sample, make_replay
 from .trainer_state import Checkpointable
 from .config import TrainConfig, ValueConfig
-from .envs import EpisodeTracker, frames_in_step, make_vector_env
+from .atari import is_image_space
+from .envs import EpisodeTracker, frames_in_step, vector_env_from_config
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .nstep import make_writer
+from .prefetch import Prefetcher
 from .probe import NullProbe, Probe
 from .resolve import Resolution, resolve_config
 from .speedups import HostToDevice
@@ -66,26 +71,32 @@ class ValueTrainer(Checkpointable):
         self.tau_generator = generator(2)      # IQN: fractions for acting
         self.update_generator = generator(3)   # IQN: fractions for the loss
 
-        self.envs = make_vector_env(c.env.id, c.env.num_envs, c.env.vectorization,
-                                    action_repeat=c.env.action_repeat, env_kwargs=c.env.kwargs)
+        self.envs = vector_env_from_config(c.env)
         obs, _ = self.envs.reset(seed=seed)
         self.envs.action_space.seed(seed)
         self.num_envs = c.env.num_envs
         self.next_obs = obs
-        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        space = self.envs.single_observation_space
+        self.obs_dim = int(np.prod(space.shape))
+        self.frames = c.model.body == "cnn" and is_image_space(space)
+        self.obs_shape: tuple[int, ...] = tuple(space.shape) if self.frames else (self.obs_dim,)
         self.num_actions = int(self.envs.single_action_space.n)
-        self.model = self.build_network(self.obs_dim, self.num_actions).to(self.device)
+        self.model = self.build_network(self.obs_shape, self.num_actions).to(self.device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
 
         # optimisations, each picking one path
         self.learner = Learner(self.model, self.loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
-        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking)
+        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
+                                      uint8=bool(o.uint8_transfer))
         self.replay_generator = generator(4)
         self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
-                                  self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps)
-        self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, (self.obs_dim,))
+                                  self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps,
+                                  frame_shape=self.obs_shape if self.frames else None)
+        self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
+                                  np.uint8 if self.frames else np.float32)
+        self.prefetcher = Prefetcher(o.num_workers)
         self.act = self._act_batched if o.batch_inference else self._act_per_env
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
@@ -96,7 +107,7 @@ class ValueTrainer(Checkpointable):
 
     # ----------------------------------------------------------------- the algorithm's part
     @abc.abstractmethod
-    def build_network(self, obs_dim: int, num_actions: int) -> nn.Module:
+    def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
         """The online network; the target network is a copy of it."""
 
     @abc.abstractmethod
@@ -148,7 +159,7 @@ class ValueTrainer(Checkpointable):
         probe, epsilon, actions = self.probe, self.epsilon(), []
         for i in range(self.num_envs):
             with probe.phase("transfer"):
-                obs_i = self.to_device(obs[i:i + 1].reshape(1, -1), "obs_row")
+                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
             with probe.phase("inference"):
                 actions.append(self._explore(self._greedy(obs_i), epsilon).cpu().numpy()[0])
         return np.array(actions, dtype=np.int64)
@@ -156,7 +167,7 @@ class ValueTrainer(Checkpointable):
     def _act_batched(self, obs: np.ndarray) -> np.ndarray:
         """Optimised path: one host->device copy, batched forward (chunked), one host copy of the actions."""
         with self.probe.phase("transfer"):
-            obs_t = self.to_device(obs.reshape(self.num_envs, -1), "obs")
+            obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
         with self.probe.phase("inference"):
             chunk = self.config.optimizations.inference_batch_size or self.num_envs
             if chunk >= self.num_envs:
@@ -178,7 +189,8 @@ class ValueTrainer(Checkpointable):
         with probe.phase("env"):
             self.next_obs, reward, terminated, truncated, info = self.envs.step(actions)
         with probe.phase("transfer"):
-            batch = self.writer.push(obs.reshape(n, -1), actions, reward, self.next_obs.reshape(n, -1),
+            shape = self.obs_shape
+            batch = self.writer.push(obs.reshape(n, *shape), actions, reward, self.next_obs.reshape(n, *shape),
                                      terminated, truncated, ~self.episode_over)
             self.replay.add(batch)
         with probe.phase("logging"):
@@ -203,10 +215,24 @@ class ValueTrainer(Checkpointable):
         hp = self.hp
         return hp.per_beta + min(1.0, self.agent_steps / hp.per_beta_steps) * (1.0 - hp.per_beta)
 
-    def _update_once(self) -> None:
+    def _draws(self, count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Minibatch indices (and PER weights) for ``count`` updates, drawn lazily in order."""
+        for _ in range(count):
+            yield self.replay.draw(self.hp.batch_size, self._beta())
+
+    def _update_phase(self, count: int) -> None:
+        """``count`` optimiser steps; their minibatches are gathered inline, or ahead on the
+        prefetcher's threads (``num_workers``) while earlier steps train."""
+        samples = self.prefetcher.map(lambda drawn: self.replay.gather(*drawn), self._draws(count))
+        while True:
+            with self.probe.phase("transfer"):
+                sample = next(samples, None)
+            if sample is None:
+                return
+            self._learn(sample)
+
+    def _learn(self, sample: Sample) -> None:
         hp = self.hp
-        with self.probe.phase("transfer"):
-            sample = self.replay.sample(hp.batch_size, self._beta())
         with self.probe.phase("update"):
             stats = self.learner.step(*self.train_batch(sample))
             if hp.prioritized_replay:
@@ -234,8 +260,8 @@ class ValueTrainer(Checkpointable):
             frames += self._env_step()
             decisions += self.num_envs
             due = self._updates_due()
-            for _ in range(due):
-                self._update_once()
+            if due:
+                self._update_phase(due)
             updates += due
         with self.probe.phase("logging"):
             self.last_stats = self.learner.flush(updates, self.iterations + 1)
@@ -259,4 +285,5 @@ class ValueTrainer(Checkpointable):
         return self.tracker.mean_recent()
 
     def close(self) -> None:
+        self.prefetcher.close()
         self.envs.close()

@@ -14,7 +14,7 @@ from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
 from reference_trainers.common.config import build_config
 from reference_trainers.common.resolve import resolve_config
-from strategies import PROPERTY_NUM_ENVS
+from strategies import PIXEL_OVERRIDES, PROPERTY_NUM_ENVS
 
 _COMMON = ["env.id=CartPole-v1", f"env.num_envs={PROPERTY_NUM_ENVS}", "env.vectorization=serial",
            "model.hidden_sizes=[16,16]"]
@@ -55,10 +55,12 @@ class Outcome:
 
 
 def train(overrides: list[str], *, seed: int, device: str = "cpu", iterations: int = ITERATIONS,
-          watch_float64: bool = True, algo: str = "ppo") -> Outcome:
+          watch_float64: bool = True, algo: str = "ppo", pixels: bool = False) -> Outcome:
     """Build and run a trainer (under the float64 sentinel unless told otherwise: a dispatch
-    mode makes ``torch.compile`` run eagerly, so compiled numerics are checked without it)."""
-    config = build_config({}, TINY[algo] + overrides + [f"seed={seed}", f"device={device}"])
+    mode makes ``torch.compile`` run eagerly, so compiled numerics are checked without it).
+    ``pixels``: on the tiny image env with the Nature CNN."""
+    scene = PIXEL_OVERRIDES if pixels else []
+    config = build_config({}, TINY[algo] + scene + overrides + [f"seed={seed}", f"device={device}"])
     saved = dev.process_settings()
     sentinel = Float64Sentinel()
     trainer = None
@@ -79,10 +81,11 @@ def train(overrides: list[str], *, seed: int, device: str = "cpu", iterations: i
 
 
 @functools.lru_cache(maxsize=64)
-def reference(seed: int, device: str = "cpu", one_update: bool = False, algo: str = "ppo") -> Outcome:
+def reference(seed: int, device: str = "cpu", one_update: bool = False, algo: str = "ppo",
+              pixels: bool = False) -> Outcome:
     """The all-plain run for a seed (cached: hypothesis reuses seeds)."""
     return train(ONE_UPDATE[algo] if one_update else [], seed=seed, device=device,
-                 iterations=1 if one_update else ITERATIONS, algo=algo)
+                 iterations=1 if one_update else ITERATIONS, algo=algo, pixels=pixels)
 
 
 def assert_parity(candidate: Outcome, ref: Outcome, parity_class: str) -> None:
@@ -102,10 +105,10 @@ def assert_parity(candidate: Outcome, ref: Outcome, parity_class: str) -> None:
 
 
 def assert_clean(outcome: Outcome) -> None:
-    """Every combination: no float64 op, finite parameters, float32 state, Python-float stats."""
+    """Every combination: no float64 op, finite parameters, float32 state (uint8 frames), Python-float stats."""
     assert outcome.float64_ops == 0, f"float64 op on the training path: {outcome.float64_site}"
     assert outcome.nonfinite_events == 0
     for name, value in outcome.params.items():
         assert torch.isfinite(value).all(), f"non-finite parameter {name}"
-    assert outcome.dtypes <= {torch.float32, torch.int64}, outcome.dtypes
+    assert outcome.dtypes <= {torch.float32, torch.int64, torch.uint8}, outcome.dtypes
     assert all(type(v) is float for v in outcome.stats.values()), outcome.stats

@@ -65,3 +65,26 @@ def test_compiled_combinations_stay_within_reassociation_error(device: str, data
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
     assert_parity(compiled, reference(seed, device), combined_class(parity_settings(combo)))
     assert_clean(train(as_overrides(combo), seed=seed, device=device))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@settings(max_examples=4)
+@given(data=st.data(), seed=SEEDS)
+def test_pixel_exact_flags_match_the_plain_reference(algo: str, data: st.DataObject, seed: int) -> None:
+    """The CNN body, uint8 frames, uint8_transfer and num_workers keep exact parity on a tiny image env."""
+    combo = data.draw(optimisation_combos(algo=algo, classes=(EXACT,), pixels=True))
+    outcome = train(as_overrides(combo), seed=seed, algo=algo, pixels=True)
+    assert_clean(outcome)
+    assert_parity(outcome, reference(seed, algo=algo, pixels=True), EXACT)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@settings(max_examples=3)
+@given(data=st.data(), seed=SEEDS)
+def test_pixel_reduced_precision_stays_finite_and_close_after_one_update(algo: str, data: st.DataObject,
+                                                                          seed: int) -> None:
+    combo = data.draw(optimisation_combos(algo=algo, classes=(EXACT, FP_REORDER, REDUCED_PRECISION), pixels=True))
+    outcome = train(as_overrides(combo) + ONE_UPDATE[algo], seed=seed, iterations=1, algo=algo, pixels=True)
+    assert_clean(outcome)
+    assert_parity(outcome, reference(seed, one_update=True, algo=algo, pixels=True),
+                  combined_class(parity_settings(combo)))
