@@ -37,9 +37,11 @@ def _one_line(text: object) -> str:
 
 def _ignoring_sigint(make_env: Callable[[], gym.Env], main_pid: int) -> gym.Env:
     """Build the env; in a worker process (not ``main_pid``, where gymnasium builds one to read the
-    spaces) first leave Ctrl-C to the main process."""
+    spaces) first leave Ctrl-C to the main process, and let SIGTERM (``terminate()`` on close)
+    end the worker quietly rather than run a handler inherited from the main process."""
     if os.getpid() != main_pid:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return make_env()
 
 

@@ -31,6 +31,8 @@ TINY: dict[str, list[str]] = {
 """Per algorithm (``ppo-lstm``: recurrent PPO), a configuration that makes a few optimiser
 updates per ``iterate()``."""
 ALGOS = tuple(TINY)
+PIXEL_ALGOS = ("ppo", "dqn", "iqn")
+"""The algorithms with a CNN body (recurrent PPO runs on the MLP body only)."""
 ITERATIONS = 2
 """Exact and fp-reorder classes compare after 2 iterations (PPO: 2 x 2 minibatch updates;
 DQN/IQN: 24 agent steps each, updates from the 12th on)."""

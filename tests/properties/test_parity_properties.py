@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION, combined_class
-from parity_runs import ALGOS, ONE_UPDATE, assert_clean, assert_parity, reference, train
+from parity_runs import ALGOS, PIXEL_ALGOS, ONE_UPDATE, assert_clean, assert_parity, reference, train
 from strategies import as_overrides, optimisation_combos, parity_settings
 
 SEEDS = st.integers(min_value=0, max_value=3)
@@ -67,7 +67,7 @@ def test_compiled_combinations_stay_within_reassociation_error(device: str, data
     assert_clean(train(as_overrides(combo), seed=seed, device=device))
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", PIXEL_ALGOS)
 @settings(max_examples=4)
 @given(data=st.data(), seed=SEEDS)
 def test_pixel_exact_flags_match_the_plain_reference(algo: str, data: st.DataObject, seed: int) -> None:
@@ -78,7 +78,7 @@ def test_pixel_exact_flags_match_the_plain_reference(algo: str, data: st.DataObj
     assert_parity(outcome, reference(seed, algo=algo, pixels=True), EXACT)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", PIXEL_ALGOS)
 @settings(max_examples=3)
 @given(data=st.data(), seed=SEEDS)
 def test_pixel_reduced_precision_stays_finite_and_close_after_one_update(algo: str, data: st.DataObject,
