@@ -34,8 +34,8 @@ def slow_down(trainer: Any, factor: float) -> None:
 def plant(factor: float, variants: set[str]) -> None:
     real_warm_up = runner._warm_up
 
-    def warm_up(live: Any, progress: Any) -> None:
-        real_warm_up(live, progress)
+    def warm_up(live: Any, progress: Any, *rest: Any) -> None:
+        real_warm_up(live, progress, *rest)
         if live.trainer is not None and live.spec.variant in variants:
             slow_down(live.trainer, factor)
 

@@ -80,6 +80,8 @@ def test_serial_sync_async_give_identical_trajectories_on_acrobot() -> None:
 
 @pytest.mark.parametrize("mode", VECTORIZATION_MODES)
 def test_all_backends_use_next_step_autoreset_with_zero_reward_reset_step(mode: str) -> None:
+    if mode == "envpool":
+        pytest.importorskip("envpool", reason="the envpool backend is an optional extra (rlgauge[envpool])")
     env = make_vector_env("CartPole-v1", 2, mode)
     try:
         assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
