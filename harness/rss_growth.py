@@ -54,11 +54,12 @@ class RssGrowth:
 
 
 def leak_free_warmup(config) -> int:  # noqa: ANN001 - a TrainConfig
-    """Env steps before the window opens: the run's own warm-up, and a full replay buffer for DQN/IQN."""
+    """Env steps before the window opens: the run's own warm-up and, for DQN/IQN, a replay buffer
+    filled and turned over twice (a Python-list replay keeps the allocator growing until then)."""
     warmup = config.run.warmup_steps
     if config.algo in VALUE_BASED:
         hp = getattr(config, config.algo)
-        warmup = max(warmup, (hp.buffer_size + hp.learning_starts) * config.env.action_repeat)
+        warmup = max(warmup, (3 * hp.buffer_size + hp.learning_starts) * config.env.action_repeat)
     return warmup
 
 
