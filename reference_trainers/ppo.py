@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import distributed
-from .common.atari import is_image_space
 from .common.config import ConfigError, TrainConfig
-from .common.envs import EpisodeTracker, frames_in_step, vector_env_from_config
+from .common.envs import EpisodeTracker, frames_in_step, open_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic
 from .common.prefetch import Prefetcher
@@ -148,15 +147,9 @@ class PPOTrainer(Checkpointable):
         torch.manual_seed(c.seed)  # the network starts alike on every rank
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-        self.envs = vector_env_from_config(c.env)
-        obs, _ = self.envs.reset(seed=seed)
-        self.envs.action_space.seed(seed)
-        self.num_envs = c.env.num_envs
-        self.next_obs = obs
-        space = self.envs.single_observation_space
-        self.obs_dim = int(np.prod(space.shape))
-        self.frames = c.model.body == "cnn" and is_image_space(space)
-        self.obs_shape: tuple[int, ...] = tuple(space.shape) if self.frames else (self.obs_dim,)
+        opened = open_vector_env(c.env, seed, c.model.body)
+        self.envs, self.next_obs, self.num_envs = opened.envs, opened.next_obs, c.env.num_envs
+        self.obs_dim, self.frames, self.obs_shape = opened.obs_dim, opened.frames, opened.obs_shape
         action_space = self.envs.single_action_space
         self.model = self.build_model(action_space).to(self.device)
         self.discrete = self.model.discrete

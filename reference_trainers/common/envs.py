@@ -439,3 +439,27 @@ def vector_env_from_config(env: EnvConfig) -> gym.vector.VectorEnv:
 def atari_settings_from(env: EnvConfig) -> AtariSettings | None:
     """The Atari preprocessing of an ``env`` section, or None without it."""
     return AtariSettings(**env.atari.model_dump()) if env.preprocessing == "atari" else None
+
+
+@dataclass
+class OpenedEnvs:
+    """A reset, seeded vector env and the observation layout the network sees."""
+
+    envs: gym.vector.VectorEnv
+    next_obs: np.ndarray
+    obs_dim: int
+    frames: bool
+    """True for the cnn body on image observations: the network takes (C, H, W) frames."""
+    obs_shape: tuple[int, ...]
+
+
+def open_vector_env(config: EnvConfig, seed: int, body: str) -> OpenedEnvs:
+    """Build the config's vector env, reset it with ``seed`` (sub-env i gets ``seed + i``) and seed
+    its action space; observations are frames for ``body == 'cnn'`` on images, else flat rows."""
+    envs = vector_env_from_config(config)
+    obs, _ = envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    space = envs.single_observation_space
+    obs_dim = int(np.prod(space.shape))
+    frames = body == "cnn" and atari.is_image_space(space)
+    return OpenedEnvs(envs, obs, obs_dim, frames, tuple(space.shape) if frames else (obs_dim,))

@@ -29,8 +29,7 @@ from . import distributed
 from .buffers import Sample, make_replay
 from .trainer_state import Checkpointable
 from .config import TrainConfig, ValueConfig
-from .atari import is_image_space
-from .envs import EpisodeTracker, frames_in_step, vector_env_from_config
+from .envs import EpisodeTracker, frames_in_step, open_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .nstep import make_writer
 from .prefetch import Prefetcher
@@ -71,15 +70,9 @@ class ValueTrainer(Checkpointable):
         self.tau_generator = generator(2)      # IQN: fractions for acting
         self.update_generator = generator(3)   # IQN: fractions for the loss
 
-        self.envs = vector_env_from_config(c.env)
-        obs, _ = self.envs.reset(seed=seed)
-        self.envs.action_space.seed(seed)
-        self.num_envs = c.env.num_envs
-        self.next_obs = obs
-        space = self.envs.single_observation_space
-        self.obs_dim = int(np.prod(space.shape))
-        self.frames = c.model.body == "cnn" and is_image_space(space)
-        self.obs_shape: tuple[int, ...] = tuple(space.shape) if self.frames else (self.obs_dim,)
+        opened = open_vector_env(c.env, seed, c.model.body)
+        self.envs, self.next_obs, self.num_envs = opened.envs, opened.next_obs, c.env.num_envs
+        self.obs_dim, self.frames, self.obs_shape = opened.obs_dim, opened.frames, opened.obs_shape
         self.num_actions = int(self.envs.single_action_space.n)
         self.model = self.build_network(self.obs_shape, self.num_actions).to(self.device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
