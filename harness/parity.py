@@ -47,8 +47,9 @@ FLAG_CLASSES: dict[str, str] = {
     "optimizations.num_workers": EXACT,
     "optimizations.pinned_memory": EXACT,
     "optimizations.non_blocking": EXACT,
-    "optimizations.cuda_graphs": EXACT,
     "optimizations.optimizer_impl": FP_REORDER,
+    # a graph needs capturable Adam: step counts and bias corrections as float32 device tensors
+    "optimizations.cuda_graphs": FP_REORDER,
     "optimizations.compile_model": FP_REORDER,
     "optimizations.compile_train_step": FP_REORDER,
     "optimizations.torch_threads": FP_REORDER,

@@ -60,7 +60,7 @@ class DQNTrainer(ValueTrainer):
     def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
         return QNetwork(obs_shape, num_actions, self.config.model)
 
-    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+    def q_values(self, obs: torch.Tensor, fractions: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward(obs)
 
     def train_batch(self, sample: Sample) -> tuple[torch.Tensor, ...]:

@@ -96,9 +96,12 @@ class IQNTrainer(ValueTrainer):
     def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
         return IQNNetwork(obs_shape, num_actions, self.config.model, self.hp.quantile_embedding_dim)
 
-    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
-        """Risk-neutral Q-values: the mean of K quantiles at fresh fractions, per row."""
-        taus = sample_taus(obs.shape[0], self.hp.num_quantile_samples, self.tau_generator, self.device)
+    def acting_fractions(self, rows: int) -> torch.Tensor:
+        return sample_taus(rows, self.hp.num_quantile_samples, self.tau_generator, self.device)
+
+    def q_values(self, obs: torch.Tensor, fractions: torch.Tensor | None = None) -> torch.Tensor:
+        """Risk-neutral Q-values: the mean of K quantiles at the given (else fresh) fractions, per row."""
+        taus = self.acting_fractions(obs.shape[0]) if fractions is None else fractions
         return self.forward(obs, taus).mean(dim=1)
 
     def train_batch(self, sample: Sample) -> tuple[torch.Tensor, ...]:

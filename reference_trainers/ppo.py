@@ -38,15 +38,28 @@ __all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "pp
 
 # --------------------------------------------------------------------------- pure functions
 
-def sample_action(actor_out: torch.Tensor, log_std: torch.Tensor | None, generator: torch.Generator
+def action_noise(rows: int, discrete: bool, action_shape: tuple[int, ...], generator: torch.Generator,
+                 device: torch.device) -> torch.Tensor:
+    """One step's sampling noise for ``rows`` sub-envs, drawn in one call whatever the inference path.
+
+    A row's action depends only on its own row of noise, so a per-env forward, chunked or
+    batched inference sample the same actions on every device (CUDA's generator gives
+    other numbers for one call of N than for N calls of one).
+    """
+    if discrete:  # one uniform per row: inverse-CDF sampling
+        return torch.rand(rows, generator=generator, device=device)
+    return torch.randn((rows, *action_shape), generator=generator, device=device, dtype=torch.float32)
+
+
+def sample_action(actor_out: torch.Tensor, log_std: torch.Tensor | None, noise: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample actions and their log-probabilities (float32) from the policy head."""
+    """Actions and their log-probabilities (float32) from the policy head and this step's ``action_noise``."""
     actor_out = actor_out.float()
-    if log_std is None:  # categorical over logits
+    if log_std is None:  # categorical over logits: the first action whose cumulative probability reaches u
         log_probs = F.log_softmax(actor_out, dim=-1)
-        action = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+        below = log_probs.exp().cumsum(-1) < noise.unsqueeze(-1)
+        action = below.sum(-1).clamp_(max=actor_out.shape[-1] - 1)
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-    noise = torch.randn(actor_out.shape, generator=generator, device=actor_out.device, dtype=torch.float32)
     action = actor_out + log_std.exp() * noise
     return action, gaussian_log_prob(actor_out, log_std, action)
 
@@ -209,23 +222,30 @@ class PPOTrainer(Checkpointable):
         self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
 
     # ----------------------------------------------------------------- acting
-    def _policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _action_noise(self) -> torch.Tensor:
+        """This step's sampling noise for every sub-env (see ``action_noise``)."""
+        shape = () if self.discrete else tuple(self.model.log_std.shape)
+        return action_noise(self.num_envs, self.discrete, shape, self.generator, self.device)
+
+    def _policy(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             with self.learner.autocast():
                 actor_out, value = self.forward(obs)
             log_std = None if self.discrete else self.model.log_std
-            action, logprob = sample_action(actor_out, log_std, self.generator)
+            action, logprob = sample_action(actor_out, log_std, noise)
         return action, logprob, value.float()
 
     def _act_per_env(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
         """Plain path: one forward per sub-env and a host copy of each action."""
         probe = self.probe
         obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
+        with probe.phase("inference"):
+            noise = self._action_noise()
         for i in range(self.num_envs):
             with probe.phase("transfer"):
                 obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
             with probe.phase("inference"):
-                action, logprob, value = self._policy(obs_i)
+                action, logprob, value = self._policy(obs_i, noise[i:i + 1])
                 host_actions.append(action.cpu().numpy()[0])
             obs_rows.append(obs_i)
             actions.append(action)
@@ -239,10 +259,11 @@ class PPOTrainer(Checkpointable):
             obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
         with self.probe.phase("inference"):
             chunk = self.config.optimizations.inference_batch_size or self.num_envs
+            noise = self._action_noise()
             if chunk >= self.num_envs:
-                action, logprob, value = self._policy(obs_t)
+                action, logprob, value = self._policy(obs_t, noise)
             else:
-                parts = [self._policy(obs_t[s:s + chunk]) for s in range(0, self.num_envs, chunk)]
+                parts = [self._policy(obs_t[s:s + chunk], noise[s:s + chunk]) for s in range(0, self.num_envs, chunk)]
                 action, logprob, value = (torch.cat(p) for p in zip(*parts))
             host_actions = action.cpu().numpy()
         return obs_t, action, logprob, value, host_actions
@@ -301,7 +322,8 @@ class PPOTrainer(Checkpointable):
         c = self.config
         with self.probe.phase("inference"):
             next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
-            _, _, next_value = self._policy(next_obs)
+            with torch.no_grad(), self.learner.autocast():
+                next_value = self.forward(next_obs)[1].float()
         with self.probe.phase("update"):
             self._set_learning_rate()
             advantages, returns = compute_gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,

@@ -50,13 +50,13 @@ class RecurrentPPOTrainer(PPOTrainer):
         self.rollout_starts = torch.ones(self.num_envs, device=self.device)
 
     # ----------------------------------------------------------------- acting
-    def _recurrent_policy(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor
+    def _recurrent_policy(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, noise: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             with self.learner.autocast():
                 actor_out, value, new_state = self.forward(obs, state, starts)
             log_std = None if self.discrete else self.model.log_std
-            action, logprob = sample_action(actor_out, log_std, self.generator)
+            action, logprob = sample_action(actor_out, log_std, noise)
         return action, logprob, value.float(), new_state
 
     def _take_starts(self) -> np.ndarray:
@@ -68,12 +68,14 @@ class RecurrentPPOTrainer(PPOTrainer):
         """Plain path: per sub-env, a forward on its own state row and a host copy of its action."""
         probe, starts = self.probe, self._take_starts()
         obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
+        with probe.phase("inference"):
+            noise = self._action_noise()
         for i in range(self.num_envs):
             with probe.phase("transfer"):
                 obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, -1), "obs_row")
                 start_i = self.to_device(starts[i:i + 1], "start_row")
             with probe.phase("inference"):
-                action, logprob, value, state = self._recurrent_policy(obs_i, self.state[i:i + 1], start_i)
+                action, logprob, value, state = self._recurrent_policy(obs_i, self.state[i:i + 1], start_i, noise[i:i + 1])
                 self.state[i:i + 1] = state
                 host_actions.append(action.cpu().numpy()[0])
             obs_rows.append(obs_i)
@@ -90,9 +92,10 @@ class RecurrentPPOTrainer(PPOTrainer):
             starts_t = self.to_device(starts, "starts")
         with self.probe.phase("inference"):
             chunk = self.config.optimizations.inference_batch_size or self.num_envs
-            parts = []
+            noise, parts = self._action_noise(), []
             for s in range(0, self.num_envs, chunk):
-                *outputs, state = self._recurrent_policy(obs_t[s:s + chunk], self.state[s:s + chunk], starts_t[s:s + chunk])
+                *outputs, state = self._recurrent_policy(obs_t[s:s + chunk], self.state[s:s + chunk], starts_t[s:s + chunk],
+                                                       noise[s:s + chunk])
                 parts.append(outputs)
                 self.state[s:s + chunk] = state
             action, logprob, value = (torch.cat(p) for p in zip(*parts))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from reference_trainers.common import device as dev
 
 settings.register_profile(
     "ci", derandomize=True, database=None, deadline=None, max_examples=10,
@@ -19,6 +22,14 @@ TINY = [
     "model.hidden_sizes=[16,16]", "run.steps=64", "run.warmup_steps=0", "run.repeats=1", "run.latency_samples=5",
 ]
 """``--set`` overrides that make any PPO preset run in well under a second."""
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_settings() -> Iterator[None]:
+    """A run sets process-wide torch state (threads, matmul precision, TF32): keep it out of other tests."""
+    saved = dev.process_settings()
+    yield
+    dev.restore_process_settings(saved)
 
 
 @pytest.fixture

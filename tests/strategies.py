@@ -53,9 +53,10 @@ def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cp
                 combo["optimizations.pinned_memory"] = True
             if draw(st.booleans()):
                 combo["optimizations.non_blocking"] = True
-            if draw(st.booleans()):
-                combo["optimizations.cuda_graphs"] = True
     if FP_REORDER in classes:
+        # capturable Adam (device-side step counts): recurrent PPO's update loops over time steps in Python
+        if on_cuda and algo != "ppo-lstm" and draw(st.booleans()):
+            combo["optimizations.cuda_graphs"] = True
         impls = ["foreach"] + (["fused"] if dev.supports_fused_adam(torch.device(device)) else [])
         maybe("optimizations.optimizer_impl", st.sampled_from([None, *impls]))
         if device == "cpu":

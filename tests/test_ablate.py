@@ -22,13 +22,6 @@ CPU = ["device=cpu"]
 CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "sync_free_logging", "torch_threads"}
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def test_flags_are_the_keys_the_variants_differ_in_that_the_device_honours() -> None:
     plan = plan_ablation("ppo-cartpole", CPU)

@@ -29,13 +29,6 @@ from results_factory import make_result, write_results
 PRESET = "ppo-cartpole"
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 # --------------------------------------------------------------------------- the workspace each case runs in
 

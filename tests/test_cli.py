@@ -48,14 +48,6 @@ PHASE_KEYS = {"env", "inference", "update", "transfer", "logging"}
 STABILITY_KEYS = {"float64_ops", "nonfinite_events", "compile_fallback", "passed"}
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    """A run sets process-wide torch state (threads, matmul precision): keep it out of other tests."""
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
@@ -72,7 +64,8 @@ def read_json(path: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def both_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``rlgauge run ppo-cartpole`` (both variants) at TINY size, two repeats, seed 7; run once per module."""
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    threads, precision = torch.get_num_threads(), dev.float32_matmul_precision()
+    saved = dev.process_settings()
     out = tmp_path_factory.mktemp("both") / "r.json"
     capture = pytest.MonkeyPatch()
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -82,9 +75,8 @@ def both_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         code = main(["run", "ppo-cartpole", *TINY_ARGS, "--repeats", "2", "--seed", "7", "--out", str(out)])
     finally:
         capture.undo()
-        after = torch.get_num_threads(), torch.get_float32_matmul_precision()
-        torch.set_num_threads(threads)
-        torch.set_float32_matmul_precision(precision)
+        after = torch.get_num_threads(), dev.float32_matmul_precision()
+        dev.restore_process_settings(saved)
     yield {"code": code, "out": out, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
            "threads_before": threads, "precision_before": precision, "globals_after": after}
 
@@ -179,7 +171,7 @@ def test_run_in_process_leaves_matmul_precision_as_it_found_it(tmp_path: Path,
     code, _, err = run_cli(capsys, "run", "ppo-cartpole", "--variant", "optimized", *TINY_ARGS,
                            "--set", "optimizations.matmul_precision=medium", "--quiet")
     assert code == 0, err
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert dev.float32_matmul_precision() == "highest"
 
 
 def test_run_one_variant_gives_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,13 +26,6 @@ TINY_ARGS = [arg for item in TINY for arg in ("--set", item)]
 TIGHT = [1000.0, 1002.0, 998.0, 1001.0, 999.0]
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])

@@ -47,13 +47,6 @@ def device_error(requested: str) -> str:
 
 
 @pytest.fixture
-def restore_matmul_precision() -> Iterator[None]:
-    before = torch.get_float32_matmul_precision()
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
-@pytest.fixture
 def restore_threads() -> Iterator[None]:
     before = torch.get_num_threads()
     yield
@@ -162,23 +155,33 @@ def test_fused_adam_support_follows_torch_version(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("precision", ["high", "medium", "highest"])
-def test_apply_precision_sets_float32_matmul_precision(restore_matmul_precision: None, precision: str) -> None:
+def test_apply_precision_sets_float32_matmul_precision(precision: str) -> None:
     other = "medium" if precision != "medium" else "highest"
     torch.set_float32_matmul_precision(other)
     apply_precision(precision, tf32=False)
-    assert torch.get_float32_matmul_precision() == precision
+    assert dev.float32_matmul_precision() == precision
 
 
 @pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="TF32 switches exist only in CUDA builds")
-def test_apply_precision_sets_tf32_switches(restore_matmul_precision: None) -> None:
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    try:
-        apply_precision("high", tf32=True)
-        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
-        apply_precision("highest", tf32=False)
-        assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+@pytest.mark.parametrize("precision", ["high", "medium", "highest"])
+def test_apply_precision_sets_tf32_switches_whatever_the_matmul_precision(precision: str) -> None:
+    apply_precision(precision, tf32=True)
+    assert dev.cuda_tf32_enabled() and dev.float32_matmul_precision() == precision
+    apply_precision(precision, tf32=False)
+    assert not dev.cuda_tf32_enabled() and dev.float32_matmul_precision() == precision
+
+
+def test_process_settings_round_trip_even_when_backends_disagree() -> None:
+    saved = dev.process_settings()
+    torch.set_float32_matmul_precision("medium")
+    if dev.PER_BACKEND_PRECISION:  # CUDA matmuls in full float32 while CPU matmuls run in bf16
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+    assert dev.float32_matmul_precision() == "medium"
+    mixed = dev.process_settings()
+    dev.restore_process_settings(saved)
+    assert dev.process_settings() == saved and dev.float32_matmul_precision() == "highest"
+    dev.restore_process_settings(mixed)
+    assert dev.process_settings() == mixed
 
 
 def test_apply_threads_sets_and_none_restores_the_default(restore_threads: None) -> None:

@@ -22,13 +22,6 @@ PLAIN = {"batch_inference": False, "sync_free_logging": False, "torch_threads": 
          "compile_model": False, "compile_train_step": False, "amp": False}
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def facts(env=10.0, inference=10.0, update=10.0, transfer=0.0, logging=0.0, syncs=1.0, ceiling=None,
           device="cpu", vectorization="serial", util=None, compile_works=None, **flags) -> Facts:

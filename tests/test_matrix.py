@@ -19,13 +19,6 @@ VALUE_TINY = [f"{algo}.{key}={value}" for algo in ("dqn", "iqn")
 TINY_SETS = [a for item in [*TINY, *VALUE_TINY] for a in ("--set", item)]
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def test_matrix_plans_both_variants_of_every_preset() -> None:
     plan = matrix_specs(None, ["device=cpu"])

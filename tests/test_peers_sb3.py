@@ -25,13 +25,6 @@ DQN_TINY = ["device=cpu", "dqn.learning_starts=32", "dqn.batch_size=16", "dqn.lo
             "run.warmup_steps=0", "run.steps=128", "run.repeats=1", "run.latency_samples=5"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def resolution(preset: str, overrides: list[str]):  # noqa: ANN201
     return resolve_config(specs_for(preset, "baseline", overrides)[0].config)

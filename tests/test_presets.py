@@ -60,13 +60,6 @@ def _raw(name: str) -> dict[str, Any]:
     return yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def test_presets_ship_inside_the_package_and_include_ppo_cartpole() -> None:
     assert PRESET_DIR.parent.name == "harness"

@@ -17,13 +17,6 @@ TINY_ARGS = [arg for item in TINY for arg in ("--set", item)]
 CHECKPOINT = "ppo-cartpole.ckpt.pt"
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Any:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = main(["run", *argv])

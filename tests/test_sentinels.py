@@ -200,15 +200,6 @@ def test_host_sync_counter_for_cuda_counts_copies_of_device_tensors() -> None:
 
 # --------------------------------------------------------------------------- what the runner reports
 
-@pytest.fixture
-def _restore_torch_threads() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
-
-@pytest.mark.usefixtures("_restore_torch_threads")
 def test_runner_reports_per_env_host_syncs_for_baseline_and_about_one_per_step_for_optimized(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     num_envs = 4

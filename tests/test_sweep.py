@@ -19,13 +19,6 @@ from results_factory import make_result
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
-
 
 def test_values_split_on_commas_outside_brackets() -> None:
     assert split_values("1, 2,4") == ["1", "2", "4"]

@@ -108,17 +108,59 @@ def apply_threads(threads: int | None) -> None:
         torch.set_num_threads(wanted)
 
 
-def process_settings() -> tuple[int, str, bool, bool]:
+# torch 2.9 added per-backend ``fp32_precision`` switches; once they disagree (TF32 off for CUDA
+# matmuls while CPU matmuls run in bf16, say) the legacy getter refuses to answer.
+PRECISION_SWITCHES = tuple(backend for backend in (
+    getattr(torch.backends.cuda, "matmul", None), getattr(torch.backends.cudnn, "conv", None),
+    getattr(torch.backends.cudnn, "rnn", None), getattr(torch.backends.mkldnn, "matmul", None),
+    getattr(torch.backends.mkldnn, "conv", None), getattr(torch.backends.mkldnn, "rnn", None),
+) if backend is not None and hasattr(backend, "fp32_precision"))
+PER_BACKEND_PRECISION = bool(PRECISION_SWITCHES)
+_PRECISION_OF_CPU_SWITCH = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
+
+
+def float32_matmul_precision() -> str:
+    """The float32 matmul precision in effect for CPU matmuls: ``highest``, ``high`` or ``medium``."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:  # per-backend switches disagree: read the CPU one
+        return _PRECISION_OF_CPU_SWITCH.get(torch.backends.mkldnn.matmul.fp32_precision, "highest")
+
+
+def cuda_tf32_enabled() -> bool:
+    """Whether float32 CUDA matmuls may run in TF32."""
+    if not torch.backends.cuda.is_built():
+        return False
+    if PER_BACKEND_PRECISION and torch.backends.cuda.matmul.fp32_precision != "none":
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def process_settings() -> tuple:
     """The process-wide settings trainers change (threads, matmul precision, TF32 switches)."""
+    if PER_BACKEND_PRECISION:
+        try:
+            legacy: str | None = torch.get_float32_matmul_precision()
+        except RuntimeError:  # the switches disagree; they say it all
+            legacy = None
+        return (torch.get_num_threads(), (legacy, *(backend.fp32_precision for backend in PRECISION_SWITCHES)))
     cuda = torch.backends.cuda.is_built()
-    return (torch.get_num_threads(), torch.get_float32_matmul_precision(),
-            cuda and torch.backends.cuda.matmul.allow_tf32, cuda and torch.backends.cudnn.allow_tf32)
+    return (torch.get_num_threads(), (torch.get_float32_matmul_precision(),
+            cuda and torch.backends.cuda.matmul.allow_tf32, cuda and torch.backends.cudnn.allow_tf32))
 
 
-def restore_process_settings(saved: tuple[int, str, bool, bool]) -> None:
-    threads, precision, matmul_tf32, cudnn_tf32 = saved
+def restore_process_settings(saved: tuple) -> None:
+    threads, precision = saved
     torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(precision)
+    if PER_BACKEND_PRECISION:
+        legacy, *switches = precision
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
+        for backend, value in zip(PRECISION_SWITCHES, switches):
+            backend.fp32_precision = value
+        return
+    matmul_precision, matmul_tf32, cudnn_tf32 = precision
+    torch.set_float32_matmul_precision(matmul_precision)
     if torch.backends.cuda.is_built():
         torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
         torch.backends.cudnn.allow_tf32 = cudnn_tf32
@@ -131,9 +173,16 @@ def apply_precision(matmul_precision: str, tf32: bool) -> None:
     trainers in one process (baseline and optimised, interleaved) each run with theirs.
     """
     torch.set_float32_matmul_precision(matmul_precision)
-    if torch.backends.cuda.is_built():
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+    if not torch.backends.cuda.is_built():
+        return
+    if PER_BACKEND_PRECISION:  # the per-backend switches (the legacy ones are deprecated there)
+        value = "tf32" if tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = value
+        torch.backends.cudnn.conv.fp32_precision = value
+        torch.backends.cudnn.rnn.fp32_precision = value
+        return
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 def autocast(device: torch.device, enabled: bool, dtype: torch.dtype) -> contextlib.AbstractContextManager:

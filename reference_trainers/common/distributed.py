@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import inspect
 from typing import Any
 
 import torch
@@ -75,7 +76,13 @@ def wrap_model(model: nn.Module, device: torch.device) -> DistributedDataParalle
     """DDP over ``model`` (its parameters stay shared): gradients are averaged in ``backward``."""
     device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
+
+
+# The models keep no buffers that need syncing before each forward; torch 2.13 renamed the switch.
+_NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                           else {"broadcast_buffers": False})
 
 
 def _collective_device() -> torch.device:

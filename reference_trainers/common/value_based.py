@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -37,6 +37,18 @@ from .probe import NullProbe, Probe
 from .resolve import Resolution, resolve_config
 from .speedups import HostToDevice
 from .trainer import IterationResult
+
+
+class ActingNoise(NamedTuple):
+    """One step's random draws for epsilon-greedy acting, one row per sub-env."""
+
+    uniform: torch.Tensor                  # explore where uniform < epsilon
+    random_action: torch.Tensor            # the action taken when exploring
+    fractions: torch.Tensor | None         # IQN's quantile fractions (rows, K); None for DQN
+
+    def rows(self, start: int, stop: int) -> ActingNoise:
+        fractions = None if self.fractions is None else self.fractions[start:stop]
+        return ActingNoise(self.uniform[start:stop], self.random_action[start:stop], fractions)
 
 
 def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> float:
@@ -104,8 +116,15 @@ class ValueTrainer(Checkpointable):
         """The online network; the target network is a copy of it."""
 
     @abc.abstractmethod
-    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q-values (rows, actions) for acting; called under no_grad and autocast."""
+    def q_values(self, obs: torch.Tensor, fractions: torch.Tensor | None = None) -> torch.Tensor:
+        """Q-values (rows, actions) for acting; called under no_grad and autocast.
+
+        ``fractions``: the rows' slice of ``acting_fractions`` (IQN's quantile fractions), else None.
+        """
+
+    def acting_fractions(self, rows: int) -> torch.Tensor | None:
+        """Random inputs of the acting network for ``rows`` sub-envs (IQN's fractions); None for DQN."""
+        return None
 
     @abc.abstractmethod
     def train_batch(self, sample: Sample) -> tuple[torch.Tensor, ...]:
@@ -136,25 +155,38 @@ class ValueTrainer(Checkpointable):
         hp = self.hp
         return linear_epsilon(self.agent_steps, hp.start_epsilon, hp.end_epsilon, hp.exploration_steps)
 
-    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), self.learner.autocast():
-            return self.q_values(obs).float().argmax(-1)
+    def _acting_noise(self) -> ActingNoise:
+        """This step's random draws for every sub-env, each in one call whatever the inference path.
 
-    def _explore(self, greedy: torch.Tensor, epsilon: float) -> torch.Tensor:
-        """Epsilon-greedy on the device: a ``torch.rand`` mask picks ``torch.randint`` actions."""
-        rows = greedy.shape[0]
-        explore = torch.rand(rows, generator=self.explore_generator, device=self.device) < epsilon
-        random = torch.randint(self.num_actions, (rows,), generator=self.action_generator, device=self.device)
-        return torch.where(explore, random, greedy)
+        A row's action depends only on its own rows of noise, so per-env, chunked and batched
+        inference choose the same actions on every device (CUDA's generator gives other
+        numbers for one call of N than for N calls of one).
+        """
+        n = self.num_envs
+        return ActingNoise(torch.rand(n, generator=self.explore_generator, device=self.device),
+                           torch.randint(self.num_actions, (n,), generator=self.action_generator, device=self.device),
+                           self.acting_fractions(n))
+
+    def _greedy(self, obs: torch.Tensor, fractions: torch.Tensor | None) -> torch.Tensor:
+        with torch.no_grad(), self.learner.autocast():
+            return self.q_values(obs, fractions).float().argmax(-1)
+
+    @staticmethod
+    def _explore(greedy: torch.Tensor, epsilon: float, noise: ActingNoise) -> torch.Tensor:
+        """Epsilon-greedy on the device: the ``torch.rand`` mask picks the ``torch.randint`` actions."""
+        return torch.where(noise.uniform < epsilon, noise.random_action, greedy)
 
     def _act_per_env(self, obs: np.ndarray) -> np.ndarray:
         """Plain path: per sub-env, a forward, an epsilon-greedy choice and a host copy of the action."""
         probe, epsilon, actions = self.probe, self.epsilon(), []
+        with probe.phase("inference"):
+            noise = self._acting_noise()
         for i in range(self.num_envs):
             with probe.phase("transfer"):
                 obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
             with probe.phase("inference"):
-                actions.append(self._explore(self._greedy(obs_i), epsilon).cpu().numpy()[0])
+                row = noise.rows(i, i + 1)
+                actions.append(self._explore(self._greedy(obs_i, row.fractions), epsilon, row).cpu().numpy()[0])
         return np.array(actions, dtype=np.int64)
 
     def _act_batched(self, obs: np.ndarray) -> np.ndarray:
@@ -163,11 +195,13 @@ class ValueTrainer(Checkpointable):
             obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
         with self.probe.phase("inference"):
             chunk = self.config.optimizations.inference_batch_size or self.num_envs
+            noise = self._acting_noise()
             if chunk >= self.num_envs:
-                greedy = self._greedy(obs_t)
+                greedy = self._greedy(obs_t, noise.fractions)
             else:
-                greedy = torch.cat([self._greedy(obs_t[s:s + chunk]) for s in range(0, self.num_envs, chunk)])
-            return self._explore(greedy, self.epsilon()).cpu().numpy()
+                greedy = torch.cat([self._greedy(obs_t[s:s + chunk], noise.rows(s, s + chunk).fractions)
+                                    for s in range(0, self.num_envs, chunk)])
+            return self._explore(greedy, self.epsilon(), noise).cpu().numpy()
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One epsilon-greedy action selection for ``num_envs`` observations (host in, host out)."""
