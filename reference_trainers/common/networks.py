@@ -25,6 +25,22 @@ def init_layer(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: fl
     return layer
 
 
+class OutputLinear(nn.Linear):
+    """A network's output layer: in float32 even under autocast.
+
+    Q-values, quantiles, values and logits are argmax-ed, averaged over quantile samples or
+    regressed onto returns of magnitude ~100, where bfloat16's 8 significand bits leave steps
+    of 0.5: actions tie (argmax picks the first) and TD errors vanish. The head is a sliver
+    of the network's work, so autocast keeps its speed everywhere else.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(x.device.type):
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
 def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_std: float) -> nn.Sequential:
     """Linear-activation stack ending in a linear head initialised with ``out_std``."""
     layers: list[nn.Module] = []
@@ -32,7 +48,7 @@ def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out
     for size in hidden_sizes:
         layers += [init_layer(nn.Linear(width, size)), _ACTIVATIONS[activation]()]
         width = size
-    layers.append(init_layer(nn.Linear(width, out_dim), std=out_std))
+    layers.append(init_layer(OutputLinear(width, out_dim), std=out_std))
     return nn.Sequential(*layers)
 
 
@@ -93,8 +109,8 @@ class ActorCritic(nn.Module):
         shape = _shape(obs_shape)
         if config.body == "cnn":
             self.torso: nn.Module | None = NatureCNN(shape)
-            self.critic = init_layer(nn.Linear(self.torso.out_dim, 1), std=1.0)
-            self.actor = init_layer(nn.Linear(self.torso.out_dim, out_dim), std=0.01)
+            self.critic = init_layer(OutputLinear(self.torso.out_dim, 1), std=1.0)
+            self.actor = init_layer(OutputLinear(self.torso.out_dim, out_dim), std=0.01)
         else:
             self.torso = None
             self.critic = mlp(int(np.prod(shape)), config.hidden_sizes, 1, config.activation, out_std=1.0)
@@ -116,7 +132,7 @@ class QNetwork(nn.Module):
         shape = _shape(obs_shape)
         if config.body == "cnn":
             torso = NatureCNN(shape)
-            self.net = nn.Sequential(torso, init_layer(nn.Linear(torso.out_dim, num_actions), std=1.0))
+            self.net = nn.Sequential(torso, init_layer(OutputLinear(torso.out_dim, num_actions), std=1.0))
         else:
             self.net = mlp(int(np.prod(shape)), config.hidden_sizes, num_actions, config.activation, out_std=1.0)
 
@@ -230,8 +246,8 @@ class RecurrentActorCritic(nn.Module):
             raise ValueError(f"env.id: action space {action_space} is not supported; accepted: Discrete, Box")
         out_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.actor_core, self.critic_core = RecurrentCore(obs_dim, config), RecurrentCore(obs_dim, config)
-        self.actor = init_layer(nn.Linear(config.recurrent_size, out_dim), std=0.01)
-        self.critic = init_layer(nn.Linear(config.recurrent_size, 1), std=1.0)
+        self.actor = init_layer(OutputLinear(config.recurrent_size, out_dim), std=0.01)
+        self.critic = init_layer(OutputLinear(config.recurrent_size, 1), std=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out_dim))
 
