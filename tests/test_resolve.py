@@ -314,6 +314,16 @@ def test_auto_compile_train_step_yields_to_explicit_cuda_graphs(fake_cuda: None)
 
 
 
+@pytest.mark.parametrize(("algo", "compiled"), [("ppo", True), ("dqn", True), ("iqn", False)])
+def test_auto_compile_train_step_stays_eager_for_iqn_on_cuda(fake_cuda: None, algo: str, compiled: bool) -> None:
+    result = resolve(f"algo={algo}", "optimizations.compile_train_step=auto", device="cuda")
+    assert result.config.optimizations.compile_train_step is compiled
+    if not compiled:
+        assert "drifts" in result.reasons["optimizations.compile_train_step"]
+    explicit = resolve(f"algo={algo}", "optimizations.compile_train_step=true", device="cuda")
+    assert explicit.config.optimizations.compile_train_step is True  # an explicit request is honoured
+
+
 def test_auto_amp_yields_to_explicit_cuda_graphs_without_bf16(fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dev, "supports_bf16", lambda device: False)
     result = resolve("optimizations.cuda_graphs=true", "optimizations.amp=auto", device="cuda")
