@@ -11,6 +11,7 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -33,7 +34,8 @@ from .common.trainer_state import Checkpointable
 
 LOG_2PI = math.log(2 * math.pi)
 
-__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "ppo_loss", "ppo_trainer"]
+__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "categorical_sample", "compute_gae", "compute_gae_fused",
+           "ppo_loss", "ppo_trainer"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -44,11 +46,20 @@ def sample_action(actor_out: torch.Tensor, log_std: torch.Tensor | None, generat
     actor_out = actor_out.float()
     if log_std is None:  # categorical over logits
         log_probs = F.log_softmax(actor_out, dim=-1)
-        action = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+        action = categorical_sample(log_probs.exp(), generator)
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
     noise = torch.randn(actor_out.shape, generator=generator, device=actor_out.device, dtype=torch.float32)
     action = actor_out + log_std.exp() * noise
     return action, gaussian_log_prob(actor_out, log_std, action)
+
+
+def categorical_sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One action per row, drawn as ``torch.multinomial(probs, 1)`` draws it (the same
+    exponential-race draw, so the same actions from the same generator state), without its
+    input checks, which cost two host syncs per call. Guarded by
+    ``test_categorical_sample_matches_multinomial``."""
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax(-1)
 
 
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -87,6 +98,23 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.T
         continues = (1.0 - terminated[t]) * (1.0 - truncated[t])
         running = (delta + gamma * lam * continues * running) * valid[t]
         advantages[t] = running
+    return advantages, advantages + values
+
+
+def compute_gae_fused(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor,
+                      terminated: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor, gamma: float,
+                      lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``compute_gae`` with the TD errors and the chain coefficients computed for the whole
+    rollout at once, leaving one fused multiply-add per time step (``lean_rollout``)."""
+    steps = rewards.shape[0]
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    not_terminated = 1.0 - terminated
+    deltas = (rewards + gamma * next_values * not_terminated - values) * valid
+    chain = gamma * lam * not_terminated * (1.0 - truncated) * valid
+    advantages = torch.empty_like(rewards)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(steps)):
+        running = torch.addcmul(deltas[t], chain[t], running, out=advantages[t])
     return advantages, advantages + values
 
 
@@ -165,6 +193,8 @@ class PPOTrainer(Checkpointable):
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
         self.act = self._act_batched if o.batch_inference else self._act_per_env
+        self.lean = bool(o.lean_rollout)
+        self.gae = compute_gae_fused if self.lean else compute_gae
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self._allocate_storage()
@@ -207,6 +237,8 @@ class PPOTrainer(Checkpointable):
         self.logprobs_buf, self.values_buf, self.rewards_buf = zeros(T, N), zeros(T, N), zeros(T, N)
         self.terminated_buf, self.truncated_buf, self.valid_buf = zeros(T, N), zeros(T, N), zeros(T, N)
         self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
+        # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
+        self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
 
     # ----------------------------------------------------------------- acting
     def _policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -259,6 +291,10 @@ class PPOTrainer(Checkpointable):
     # ----------------------------------------------------------------- collect
     def collect(self) -> tuple[int, int]:
         """Fill the rollout storage; returns (env frames, agent steps)."""
+        return self._collect_lean() if self.lean else self._collect_plain()
+
+    def _collect_plain(self) -> tuple[int, int]:
+        """Plain path: every step's tensors cross to the device and are written to storage as they come."""
         probe, frames = self.probe, 0
         for t in range(self.config.ppo.num_steps):
             with probe.phase("transfer"):
@@ -278,6 +314,36 @@ class PPOTrainer(Checkpointable):
                 self.tracker.update(reward, terminated, truncated)
                 self.episode_over = terminated | truncated
         return frames, self.config.ppo.num_steps * self.num_envs
+
+    def _collect_lean(self) -> tuple[int, int]:
+        """Optimised path (``lean_rollout``): per step, one device copy (the observation, into its
+        storage row); the reset mask, rewards and done flags go to a host array that crosses once
+        per rollout, and actions, log-probabilities and values are stacked once at the end."""
+        probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
+        host = self.host_scalars
+        actions, logprobs, values = [], [], []
+        for t in range(steps):
+            host[0, t] = ~self.episode_over
+            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            self.obs_buf[t] = obs_t
+            actions.append(action)
+            logprobs.append(logprob)
+            values.append(value)
+            with probe.phase("env"):
+                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
+            with probe.phase("logging"):
+                host[1, t], host[2, t], host[3, t] = reward, terminated, truncated
+                frames += frames_in_step(info, self.num_envs)
+                self.tracker.update(reward, terminated, truncated)
+                self.episode_over = terminated | truncated
+        with probe.phase("transfer"):
+            scalars = self.to_device(host, "rollout_scalars")
+            for store, rows in zip((self.valid_buf, self.rewards_buf, self.terminated_buf, self.truncated_buf), scalars):
+                store.copy_(rows)
+            torch.stack(actions, out=self.actions_buf)
+            torch.stack(logprobs, out=self.logprobs_buf)
+            torch.stack(values, out=self.values_buf)
+        return frames, steps * self.num_envs
 
     # ----------------------------------------------------------------- update
     def _minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
@@ -304,21 +370,42 @@ class PPOTrainer(Checkpointable):
             _, _, next_value = self._policy(next_obs)
         with self.probe.phase("update"):
             self._set_learning_rate()
-            advantages, returns = compute_gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
-                                              self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
+            advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
+                                           self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
             batch = (self.obs_buf.flatten(0, 1), self.actions_buf.flatten(0, 1), self.logprobs_buf.flatten(),
                      advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
             size = batch[0].shape[0]
             minibatch = size // c.ppo.num_minibatches
+            gather = self._packed_gather(batch) if self.lean else (lambda idx: tuple(x[idx] for x in batch))
             steps = 0
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(size, generator=self.generator, device=self.device)
                 chunks = (order[start:start + minibatch] for start in range(0, size, minibatch))
                 # gathered inline, or ahead on background threads (num_workers) while earlier ones train
-                for minibatch_tensors in self.prefetcher.map(lambda idx: tuple(x[idx] for x in batch), chunks):
+                for minibatch_tensors in self.prefetcher.map(gather, chunks):
                     self.learner.step(*minibatch_tensors)
                     steps += 1
         return steps
+
+    @staticmethod
+    def _packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """``lean_rollout``: the batch packed column-wise into one float32 tensor, so that a
+        minibatch is one ``index_select`` and column views (discrete actions travel as float32,
+        exact below 2**24; ``evaluate_actions`` takes them back to int64). Observations that are
+        not flat float32 vectors are gathered on their own."""
+        obs, rest = batch[0], batch[1:]
+        pack_obs = obs.dtype == torch.float32 and obs.dim() == 2
+        columns = ([obs] if pack_obs else []) + [x.reshape(x.shape[0], -1).float() for x in rest]
+        widths = [x.shape[1] for x in columns]
+        packed = torch.cat(columns, dim=1)
+        flat_action = batch[1].dim() == 1
+
+        def gather(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            parts = list(packed.index_select(0, idx).split(widths, dim=1))
+            gathered_obs = parts.pop(0) if pack_obs else obs[idx]
+            action = parts[0].squeeze(1) if flat_action else parts[0]
+            return (gathered_obs, action, *(part.squeeze(1) for part in parts[1:]))
+        return gather
 
     # ----------------------------------------------------------------- loop
     def iterate(self) -> IterationResult:

@@ -24,7 +24,7 @@ from . import device as dev
 from . import distributed
 from .config import OptimizationsConfig, TrainConfig
 from .resolve import amp_dtype
-from .speedups import CompiledOrEager, CudaGraphedStep, make_adam
+from .speedups import CompiledOrEager, CudaGraphedStep, clip_grad_norm, make_adam
 from .stats import make_stats
 
 log = logging.getLogger("rlgauge")
@@ -64,7 +64,8 @@ def fell_back(*callables: object) -> bool:
 class Learner:
     """Optimiser steps on ``model``'s parameters from a loss closure, with every update-side flag.
 
-    Plain path: eager closure, for-loop Adam, float32, ``.item()`` per logged value. Each flag
+    Plain path: eager closure, for-loop Adam and per-tensor gradient clipping, float32,
+    ``.item()`` per logged value (``optimizer_impl`` foreach/fused also clips with foreach kernels). Each flag
     swaps one piece (see the module docstring). ``train_model`` is the module a trainer's loss
     must call: ``model`` itself, or its DDP wrapper under ``distributed.enabled``. Guarded by
     tests/test_learner.py and, through the trainers, tests/test_ppo.py, tests/test_value_based.py,
@@ -84,6 +85,8 @@ class Learner:
         if o.cuda_graphs:
             lr = torch.tensor(lr, dtype=torch.float32, device=device)
         self.optimizer = make_adam(model.parameters(), lr, adam_eps, o.optimizer_impl, capturable=bool(o.cuda_graphs))
+        self.params = list(model.parameters())
+        self.foreach_clip = o.optimizer_impl != "forloop"
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
@@ -103,9 +106,9 @@ class Learner:
         loss, stats = self.loss(*batch)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
-        params = list(self.model.parameters())
+        params = self.params
         if self.max_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            grad_norm = clip_grad_norm(params, self.max_grad_norm, self.foreach_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         return loss.detach(), stats, grad_norm

@@ -53,7 +53,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
             raise EnvConfigError(f"env.preprocessing: 'atari' needs an ALE env id (e.g. 'ALE/Pong-v5'), "
                                  f"{resolved.env.id!r} is not one; accepted for it: 'none'")
         choice = resolve_vectorization(resolved.env.id, resolved.env.vectorization, action_repeat=resolved.env.action_repeat,
-                                       preprocessing=resolved.env.preprocessing)
+                                       preprocessing=resolved.env.preprocessing, num_envs=resolved.env.num_envs)
     except EnvConfigError as exc:
         raise ConfigError(str(exc)) from None
     if resolved.env.vectorization == "auto":
@@ -206,6 +206,9 @@ def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gy
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
     hp = getattr(config, algo)
+    if o.lean_rollout:
+        raise ConfigError(f"optimizations.lean_rollout: true has no effect for algo {algo!r} (it keeps no PPO rollout); "
+                          f"accepted for {algo}: false")
     if o.replay == "auto":
         o.replay = _pick(reasons, "optimizations.replay", "tensor",
                          "preallocated device tensors: batched inserts, no per-sample conversion")
@@ -296,6 +299,8 @@ def optimisation_summary(config: TrainConfig) -> str:
         f"uint8_transfer={onoff(o.uint8_transfer)}",
         f"num_workers={o.num_workers}",
     ]
+    if config.algo == "ppo":
+        parts.append(f"lean_rollout={onoff(o.lean_rollout)}")
     if config.algo in VALUE_BASED:
         parts.append(f"replay={o.replay}")
     return "Optimisations: " + " ".join(parts)

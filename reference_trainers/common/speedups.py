@@ -2,6 +2,7 @@
 
 compile_or_eager   torch.compile with a logged, recorded eager fallback
 make_adam          forloop / foreach / fused Adam
+clip_grad_norm     per-tensor norms (torch.nn.utils), or multi-tensor foreach kernels
 HostToDevice       pageable blocking copies, or pinned staging + non_blocking copies;
                    uint8 pixels as float32 from the host, or as uint8 (``uint8_transfer``)
 CudaGraphedStep    capture a fixed-shape step once, replay it (CUDA only)
@@ -59,6 +60,20 @@ def make_adam(params: Iterable[torch.nn.Parameter], lr: float | torch.Tensor, ep
     path), ``foreach`` (multi-tensor kernels) or ``fused`` (one fused kernel per group)."""
     choice = {"forloop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
     return torch.optim.Adam(params, lr=lr, eps=eps, capturable=capturable, **choice)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, foreach: bool) -> torch.Tensor:
+    """Scale the gradients to a global L2 norm of at most ``max_norm``; returns the norm before clipping.
+
+    Plain path: ``torch.nn.utils.clip_grad_norm_``. ``foreach`` (with ``optimizer_impl``
+    foreach or fused): the same formula in three multi-tensor ops (norms, their norm, the
+    scale), without the per-call checks. Guarded by ``test_foreach_clip_matches_torch``."""
+    if not foreach:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
 
 
 class HostToDevice:
