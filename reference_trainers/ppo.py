@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import distributed
+from .common import analytic, distributed
 from .common.config import ConfigError, TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, open_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
-from .common.networks import ActorCritic
+from .common.networks import ActorCritic, StackedMLPs
 from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
@@ -35,7 +35,7 @@ from .common.trainer_state import Checkpointable
 LOG_2PI = math.log(2 * math.pi)
 
 __all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "categorical_sample", "compute_gae", "compute_gae_fused",
-           "ppo_loss", "ppo_trainer"]
+           "ppo_loss", "ppo_loss_grads", "ppo_trainer"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -147,6 +147,74 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     return loss, stats
 
 
+def _max_share(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The share of the gradient of ``torch.max(a, b)`` that goes to ``a``: 1, 0, or 1/2 at a tie (as in autograd)."""
+    return (torch.sign(a - b) + 1.0) * 0.5
+
+
+def _clamp_passes(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Where ``clamp(x, low, high)`` passes the gradient: inside the range, bounds included."""
+    return (x >= low) & (x <= high)
+
+
+def ppo_loss_grads(actor_out: torch.Tensor, new_value: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                   advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
+                   cfg: PPOLossCoefs) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``ppo_loss`` of categorical logits, and its gradient with respect to the logits and the
+    values, derived by hand (``analytic_grads``); returns (loss, stats, d loss/d logits, d loss/d values).
+
+    The same maths as ``ppo_loss`` + ``evaluate_actions`` under autograd, with fewer ops: the
+    masked means are one matrix-vector product with ``mask / count``, and each ``max``/``clamp``
+    pair's gradient is one share (ties split in half, clamp bounds included, as autograd does).
+    Agreement with autograd: tests/test_analytic.py."""
+    count = mask.sum().clamp_min(1.0)
+    weight = mask / count  # masked_mean(x) = x . weight
+    if cfg.norm_adv:
+        centered = advantages - advantages.dot(weight)
+        advantages = centered / (centered.square().dot(weight).sqrt() + 1e-8)
+    log_probs = F.log_softmax(actor_out, dim=-1)
+    probs = log_probs.exp()
+    taken = actions.long().unsqueeze(-1)
+    log_ratio = log_probs.gather(-1, taken).squeeze(-1) - old_logprob
+    ratio = log_ratio.exp()
+    low, high = 1 - cfg.clip_coef, 1 + cfg.clip_coef
+    neg_adv = -advantages
+    unclipped, clipped = neg_adv * ratio, neg_adv * ratio.clamp(low, high)
+    value_error = new_value - returns
+    if cfg.clip_vloss:
+        value_step = new_value - old_value
+        clipped_error = old_value + value_step.clamp(-cfg.clip_coef, cfg.clip_coef) - returns
+        squared, clipped_squared = value_error.square(), clipped_error.square()
+        value_terms = torch.maximum(squared, clipped_squared)
+    else:
+        value_terms = value_error.square()
+    ratio_step = ratio - 1.0
+    terms = torch.stack([torch.maximum(unclipped, clipped), value_terms, -(probs * log_probs).sum(-1),
+                         ratio_step - log_ratio, (ratio_step.abs() > cfg.clip_coef).float()])
+    pg_loss, value_sum, entropy_loss, approx_kl, clip_fraction = terms.mv(weight).unbind()
+    v_loss = 0.5 * value_sum
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+
+    # policy: the max's share to the unclipped side, else the clamp's pass-through, then exp
+    share = torch.where(_clamp_passes(ratio, low, high), 1.0, _max_share(unclipped, clipped))
+    grad_logprob = weight * neg_adv * share * ratio
+    # entropy -(p * log p).sum(-1) with p = exp(log p): d/d log p = -p * (1 + log p) per unit of entropy
+    grad_log_probs = (log_probs + 1.0) * probs * (weight * cfg.ent_coef).unsqueeze(-1)
+    grad_log_probs = grad_log_probs.scatter_add(-1, taken, grad_logprob.unsqueeze(-1))
+    grad_logits = grad_log_probs - probs * grad_log_probs.sum(-1, keepdim=True)  # log_softmax backward
+    # value: 0.5 * vf_coef * mean of the (clipped) squared error; d (e^2) = 2e
+    if cfg.clip_vloss:
+        share_v = _max_share(squared, clipped_squared)
+        passes = _clamp_passes(value_step, -cfg.clip_coef, cfg.clip_coef)
+        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
+    else:
+        slope = value_error
+    grad_value = slope * (weight * cfg.vf_coef)
+    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss, "approx_kl": approx_kl,
+             "clip_fraction": clip_fraction}
+    return loss, stats, grad_logits, grad_value
+
+
 @dataclass(frozen=True)
 class PPOLossCoefs:
     clip_coef: float
@@ -189,11 +257,19 @@ class PPOTrainer(Checkpointable):
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
                                       uint8=bool(o.uint8_transfer))
         self.prefetcher = Prefetcher(o.num_workers)
-        self.learner = Learner(self.model, self._minibatch_loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps)
+        self.analytic = bool(o.analytic_grads)
+        if self.analytic and not (isinstance(self.model, ActorCritic) and self.discrete and self.model.torso is None
+                                  and analytic.supports(self.model.actor) and analytic.supports(self.model.critic)):
+            raise ConfigError("optimizations.analytic_grads: true needs the feed-forward MLP actor-critic with discrete "
+                              "actions; accepted here: false or auto")
+        loss = self._minibatch_analytic if self.analytic else self._minibatch_loss
+        self.learner = Learner(self.model, loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
+                               sets_grads=self.analytic)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
         self.act = self._act_batched if o.batch_inference else self._act_per_env
         self.lean = bool(o.lean_rollout)
+        self.stacked: StackedMLPs | None = None  # lean_rollout: the rollout's stacked actor-critic
         self.gae = compute_gae_fused if self.lean else compute_gae
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
@@ -241,10 +317,23 @@ class PPOTrainer(Checkpointable):
         self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
 
     # ----------------------------------------------------------------- acting
+    def _stack_networks(self) -> None:
+        """``lean_rollout``: snapshot the actor and critic MLPs as one stacked network for this
+        rollout's forwards (the weights stay fixed until the update); None where the model or
+        the flags (compile, DDP) call for the model's own forward."""
+        model = self.model
+        plain_model = self.forward is model and isinstance(model, ActorCritic) and model.torso is None
+        stackable = plain_model and analytic.supports(model.actor) and analytic.supports(model.critic)
+        self.stacked = StackedMLPs(model.actor, model.critic) if stackable else None
+
     def _policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             with self.learner.autocast():
-                actor_out, value = self.forward(obs)
+                if self.stacked is not None:
+                    actor_out, value = self.stacked(obs)
+                    value = value.squeeze(-1)
+                else:
+                    actor_out, value = self.forward(obs)
             log_std = None if self.discrete else self.model.log_std
             action, logprob = sample_action(actor_out, log_std, self.generator)
         return action, logprob, value.float()
@@ -316,11 +405,13 @@ class PPOTrainer(Checkpointable):
         return frames, self.config.ppo.num_steps * self.num_envs
 
     def _collect_lean(self) -> tuple[int, int]:
-        """Optimised path (``lean_rollout``): per step, one device copy (the observation, into its
-        storage row); the reset mask, rewards and done flags go to a host array that crosses once
-        per rollout, and actions, log-probabilities and values are stacked once at the end."""
+        """Optimised path (``lean_rollout``): the actor and critic MLPs run as one stacked network
+        (``StackedMLPs``, built once per rollout); per step, one device copy (the observation, into
+        its storage row); the reset mask, rewards and done flags go to a host array that crosses
+        once per rollout, and actions, log-probabilities and values are stacked once at the end."""
         probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
         host = self.host_scalars
+        self._stack_networks()
         actions, logprobs, values = [], [], []
         for t in range(steps):
             host[0, t] = ~self.episode_over
@@ -357,6 +448,20 @@ class PPOTrainer(Checkpointable):
         return ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
                         mask, self.loss_coefs)
 
+    def _minibatch_analytic(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                            advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+                            mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads``: the PPO loss of one minibatch, with every parameter's gradient set by
+        hand (no autograd graph); the learner adds clipping and the step."""
+        with torch.no_grad():
+            logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
+            value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
+            loss, stats, grad_logits, grad_value = ppo_loss_grads(logits, value.squeeze(-1), actions, old_logprob,
+                                                                  advantages, returns, old_value, mask, self.loss_coefs)
+            analytic.mlp_backward(actor_saved, grad_logits)
+            analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
+        return loss, stats
+
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo
         if ppo.anneal_lr:
@@ -368,6 +473,7 @@ class PPOTrainer(Checkpointable):
         with self.probe.phase("inference"):
             next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
             _, _, next_value = self._policy(next_obs)
+        self.stacked = None  # the update changes the weights
         with self.probe.phase("update"):
             self._set_learning_rate()
             advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,

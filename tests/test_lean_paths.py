@@ -142,9 +142,10 @@ def test_lean_rollout_fills_the_same_storage_as_the_plain_collect() -> None:
     try:
         plain.collect()
         lean.collect()
-        for name in ("obs_buf", "actions_buf", "logprobs_buf", "values_buf", "rewards_buf", "terminated_buf",
-                     "truncated_buf", "valid_buf"):
+        for name in ("obs_buf", "actions_buf", "rewards_buf", "terminated_buf", "truncated_buf", "valid_buf"):
             assert torch.equal(getattr(lean, name), getattr(plain, name)), name
+        for name in ("logprobs_buf", "values_buf"):  # the stacked actor-critic: reassociated sums
+            torch.testing.assert_close(getattr(lean, name), getattr(plain, name), **FP_REORDER)
     finally:
         plain.close()
         lean.close()
@@ -189,3 +190,22 @@ def test_tensor_replay_on_cpu_writes_through_its_host_view() -> None:
     np.testing.assert_array_equal(rewards.numpy(), last.rewards)
     np.testing.assert_array_equal(next_obs.numpy(), last.next_obs)
     assert actions.dtype == torch.int64
+
+
+# --------------------------------------------------------------------------- MLP forward
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_mlp_forward_matches_calling_each_layer(activation: str) -> None:
+    from reference_trainers.common.networks import MLP, mlp
+    net = mlp(4, [16, 8], 3, activation, out_std=1.0)
+    assert isinstance(net, MLP)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    layer_by_layer = x
+    for layer in net:
+        layer_by_layer = layer(layer_by_layer)
+    assert torch.equal(net(x), layer_by_layer)
+    calls: list[str] = []
+    net[0].register_forward_hook(lambda *_: calls.append("layer"))
+    net.register_forward_hook(lambda *_: calls.append("mlp"))
+    net(x)
+    assert calls == ["mlp"]  # one module call for the whole stack

@@ -430,7 +430,7 @@ def test_training_path_is_float32_only(algo: str, variant: list[str]) -> None:
 def test_amp_bfloat16_runs_acting_and_update_forwards_in_bf16(algo: str) -> None:
     trainer = make(algo, "optimizations.amp=true", "optimizations.amp_dtype=bfloat16")
     seen: list[torch.dtype] = []
-    layer = trainer.model.net[0] if algo == "dqn" else trainer.model.phi
+    layer = trainer.model.net if algo == "dqn" else trainer.model.phi
     handle = layer.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     try:
         trainer.iterate()

@@ -228,6 +228,11 @@ class OptimizationsConfig(_Section):
     as they come; GAE is a loop of elementwise ops per step; a minibatch is one gather per
     field. On: the reset mask, rewards and done flags cross once per rollout, GAE is one fused
     multiply-add per step, a minibatch is one gather of a packed batch."""
+    analytic_grads: Union[bool, Auto] = False
+    """PPO with the MLP actor-critic and discrete actions. Plain: autograd records the forward
+    and runs its backward. On: the gradients of the loss and of every layer are computed by
+    hand under no_grad (no graph, a few fused ops per layer); ``auto`` = on for the CPU where
+    the model allows it and no AMP, compile or CUDA graphs is asked for."""
     replay: Literal["list", "tensor", "auto"] = "list"
     """DQN/IQN replay storage. list: a Python list of numpy transitions, converted per sampled
     minibatch (plain); tensor: preallocated device tensors, batched insert, device-side gather."""

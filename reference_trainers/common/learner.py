@@ -24,7 +24,7 @@ from . import device as dev
 from . import distributed
 from .config import OptimizationsConfig, TrainConfig
 from .resolve import amp_dtype
-from .speedups import CompiledOrEager, CudaGraphedStep, clip_grad_norm, make_adam
+from .speedups import CompiledOrEager, CudaGraphedStep, FusedAdamStep, clip_grad_norm, make_adam
 from .stats import make_stats
 
 log = logging.getLogger("rlgauge")
@@ -73,9 +73,10 @@ class Learner:
     """
 
     def __init__(self, model: nn.Module, loss: LossFn, config: TrainConfig, device: torch.device,
-                 learning_rate: float, adam_eps: float) -> None:
+                 learning_rate: float, adam_eps: float, sets_grads: bool = False) -> None:
         o = config.optimizations
         self.model, self.loss, self.device = model, loss, device
+        self.sets_grads = sets_grads  # the loss closure sets every gradient itself (analytic_grads): no backward
         self.train_model: nn.Module = distributed.wrap_model(model, device) if config.distributed.enabled else model
         self.nan_policy = config.stability.nan_policy
         self.max_grad_norm = config.stability.max_grad_norm
@@ -87,6 +88,9 @@ class Learner:
         self.optimizer = make_adam(model.parameters(), lr, adam_eps, o.optimizer_impl, capturable=bool(o.cuda_graphs))
         self.params = list(model.parameters())
         self.foreach_clip = o.optimizer_impl != "forloop"
+        # fused Adam without a GradScaler: the kernel is called directly (same kernel, same state)
+        self.direct_step = (FusedAdamStep(self.optimizer) if o.optimizer_impl == "fused" and not o.cuda_graphs
+                            and not self.scaler.is_enabled() else None)
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
@@ -104,8 +108,9 @@ class Learner:
         """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss, stats = self.loss(*batch)
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
+        if not self.sets_grads:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
         params = self.params
         if self.max_grad_norm is not None:
             grad_norm = clip_grad_norm(params, self.max_grad_norm, self.foreach_clip)
@@ -129,8 +134,11 @@ class Learner:
         else:
             loss, stats, grad_norm = self.loss_and_grads(*batch)
             if self._finite_ok(loss, grad_norm):
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                if self.direct_step is not None:
+                    self.direct_step()
+                else:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
         for name, value in stats.items():
             if value.ndim == 0:
                 self.stats.add(name, value)
@@ -170,6 +178,8 @@ class Learner:
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.nonfinite_events = int(state["nonfinite_events"])
+        if self.direct_step is not None:
+            self.direct_step.refresh()  # the optimiser's state tensors were replaced
         self.graphed = None  # a captured graph holds the old optimiser tensors: capture again
 
     # ----------------------------------------------------------------- between steps

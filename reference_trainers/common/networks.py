@@ -11,6 +11,7 @@ import math
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
@@ -25,7 +26,47 @@ def init_layer(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: fl
     return layer
 
 
-def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_std: float) -> nn.Sequential:
+class MLP(nn.Sequential):
+    """``nn.Sequential`` of ``nn.Linear`` layers and activations whose ``forward`` applies the
+    layers' functions directly: the same ops, without a module call (and its hook checks) per
+    layer, which at the batch sizes of acting costs as much as the layer's arithmetic. Hooks
+    registered on the whole MLP still run; hooks on its individual layers do not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            x = F.linear(x, layer.weight, layer.bias) if isinstance(layer, nn.Linear) else layer.forward(x)
+        return x
+
+
+class StackedMLPs:
+    """Two MLPs of the same hidden shape over the same input, evaluated as one: the first
+    layers' weights concatenated, the later ones block-diagonal, so one matmul and one
+    activation per layer serve both (half the ops of calling each). A snapshot: build it
+    again after the weights change. ``__call__(x) -> (first's output, second's output)``.
+    """
+
+    def __init__(self, first: MLP, second: MLP) -> None:
+        pairs = [(a, b) for a, b in zip(first, second)]
+        if len(first) != len(second) or any(type(a) is not type(b) for a, b in pairs):
+            raise ValueError("StackedMLPs needs two MLPs with the same layer pattern")
+        self.split = first[-1].out_features
+        self.layers: list[tuple[torch.Tensor, torch.Tensor] | nn.Module] = []
+        with torch.no_grad():
+            for index, (a, b) in enumerate(pairs):
+                if not isinstance(a, nn.Linear):
+                    self.layers.append(a)
+                elif index == 0:
+                    self.layers.append((torch.cat([a.weight, b.weight]), torch.cat([a.bias, b.bias])))
+                else:
+                    self.layers.append((torch.block_diag(a.weight, b.weight), torch.cat([a.bias, b.bias])))
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for layer in self.layers:
+            x = F.linear(x, *layer) if isinstance(layer, tuple) else layer.forward(x)
+        return x[:, :self.split], x[:, self.split:]
+
+
+def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_std: float) -> MLP:
     """Linear-activation stack ending in a linear head initialised with ``out_std``."""
     layers: list[nn.Module] = []
     width = in_dim
@@ -33,7 +74,7 @@ def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out
         layers += [init_layer(nn.Linear(width, size)), _ACTIVATIONS[activation]()]
         width = size
     layers.append(init_layer(nn.Linear(width, out_dim), std=out_std))
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 class NatureCNN(nn.Module):

@@ -157,7 +157,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
     if resolved.algo in VALUE_BASED:
         _resolve_value_based(resolved, reasons, action_space)
     else:
-        _resolve_ppo(resolved, reasons)
+        _resolve_ppo(resolved, reasons, action_space, on_cpu=kind == "cpu")
     return Resolution(resolved, device, reasons)
 
 
@@ -188,8 +188,9 @@ def _resolve_distributed(config: TrainConfig, device: torch.device) -> torch.dev
     return device
 
 
-def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
+def _resolve_ppo(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
     ppo, o = config.ppo, config.optimizations
+    _resolve_analytic_grads(config, reasons, space, on_cpu)
     batch = config.env.num_envs * ppo.num_steps
     if batch % ppo.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide the batch env.num_envs*ppo.num_steps={batch}")
@@ -202,9 +203,37 @@ def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
         o.replay = _pick(reasons, "optimizations.replay", "list", "ppo keeps no replay buffer")
 
 
+def _analytic_grads_blocker(config: TrainConfig, space: gym.Space) -> str | None:
+    """Why ``analytic_grads`` cannot run with this config (None if it can)."""
+    o = config.optimizations
+    blockers = [
+        (config.algo != "ppo", f"it covers the PPO update, not algo {config.algo!r}"),
+        (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} needs backpropagation through time"),
+        (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
+        (not isinstance(space, gym.spaces.Discrete), f"{config.env.id!r} has continuous actions; it covers discrete ones"),
+        (bool(o.amp), "amp: its gradients are float32"),
+        (bool(o.compile_model) or bool(o.compile_train_step), "compile_model/compile_train_step compile the autograd path"),
+        (bool(o.cuda_graphs), "cuda_graphs captures the autograd update"),
+        (config.distributed.enabled, "distributed training all-reduces inside autograd's backward"),
+    ]
+    return next((why for blocked, why in blockers if blocked), None)
+
+
+def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
+    o = config.optimizations
+    blocker = _analytic_grads_blocker(config, space)
+    if o.analytic_grads is True and blocker:
+        raise ConfigError(f"optimizations.analytic_grads: true cannot be used here ({blocker}); accepted here: false or auto")
+    if o.analytic_grads == "auto":
+        why = (blocker or ("per-op overhead dominates small CPU updates; hand-written gradients need no autograd graph"
+                           if on_cpu else "measured on the CPU only; autograd on accelerators"))
+        o.analytic_grads = _pick(reasons, "optimizations.analytic_grads", on_cpu and blocker is None, why)
+
+
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
+    _resolve_analytic_grads(config, reasons, space, on_cpu=False)
     hp = getattr(config, algo)
     if o.lean_rollout:
         raise ConfigError(f"optimizations.lean_rollout: true has no effect for algo {algo!r} (it keeps no PPO rollout); "
@@ -301,6 +330,7 @@ def optimisation_summary(config: TrainConfig) -> str:
     ]
     if config.algo == "ppo":
         parts.append(f"lean_rollout={onoff(o.lean_rollout)}")
+        parts.append(f"analytic_grads={onoff(o.analytic_grads)}")
     if config.algo in VALUE_BASED:
         parts.append(f"replay={o.replay}")
     return "Optimisations: " + " ".join(parts)
