@@ -1,4 +1,4 @@
-"""Tests for ``optimizations.analytic_grads`` (hand-written MLP and PPO-loss gradients), the
+"""Tests for ``optimizations.analytic_grads`` (hand-written MLP, PPO-loss and DQN-loss gradients), the
 stacked actor-critic of ``lean_rollout`` and the direct fused Adam step.
 
 Each is compared with what it replaces (autograd, the separate MLPs, ``optimizer.step()``)
@@ -117,12 +117,37 @@ def test_analytic_grads_run_no_autograd_backward(monkeypatch: pytest.MonkeyPatch
             t.close()
 
 
+@pytest.mark.parametrize("extra", [[], ["dqn.double_q=true"], ["dqn.prioritized_replay=true"], ["dqn.n_step=3"],
+                                   ["model.activation=tanh"]])
+def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch, extra: list[str]) -> None:
+    from value_trainers import make
+    results = []
+    for flag in ("false", "true"):
+        backwards: list[int] = []
+        real = torch.Tensor.backward
+        monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: backwards.append(1) or real(self, *a, **k))
+        t = make("dqn", f"optimizations.analytic_grads={flag}", *extra)
+        try:
+            for _ in range(4):
+                t.iterate()
+            assert t.updates > 0 and bool(backwards) is (flag == "false")
+            results.append(({k: p.detach().clone() for k, p in t.model.named_parameters()}, dict(t.last_stats)))
+        finally:
+            t.close()
+            monkeypatch.undo()
+    (plain, plain_stats), (fast, fast_stats) = results
+    for name in plain:
+        torch.testing.assert_close(fast[name], plain[name], **FP_REORDER, msg=lambda m, n=name: f"{n}: {m}")
+    for name in plain_stats:
+        assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["env.id=Pendulum-v1"], "continuous actions"),
     (["optimizations.amp=true", "optimizations.amp_dtype=bfloat16"], "amp"),
     (["optimizations.compile_model=true"], "compile_model/compile_train_step"),
     (["model.recurrent=lstm"], "model.recurrent 'lstm'"),
-    (["algo=dqn"], "not algo 'dqn'"),
+    (["algo=iqn"], "not algo 'iqn'"),
 ])
 def test_analytic_grads_true_is_rejected_where_it_cannot_run(overrides: list[str], message: str) -> None:
     config = build_config({}, TINY + overrides + ["optimizations.analytic_grads=true"])
@@ -132,7 +157,8 @@ def test_analytic_grads_true_is_rejected_where_it_cannot_run(overrides: list[str
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    ([], True), (["env.id=Pendulum-v1"], False), (["model.recurrent=gru"], False), (["algo=dqn"], False),
+    ([], True), (["env.id=Pendulum-v1"], False), (["model.recurrent=gru"], False), (["algo=dqn"], True),
+    (["algo=iqn"], False),
 ])
 def test_analytic_grads_auto_resolves_where_it_applies(overrides: list[str], expected: bool) -> None:
     resolution = resolve_config(build_config({}, TINY + overrides + ["optimizations.analytic_grads=auto"]))

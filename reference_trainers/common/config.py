@@ -229,8 +229,8 @@ class OptimizationsConfig(_Section):
     field. On: the reset mask, rewards and done flags cross once per rollout, GAE is one fused
     multiply-add per step, a minibatch is one gather of a packed batch."""
     analytic_grads: Union[bool, Auto] = False
-    """PPO with the MLP actor-critic and discrete actions. Plain: autograd records the forward
-    and runs its backward. On: the gradients of the loss and of every layer are computed by
+    """PPO (MLP actor-critic, discrete actions) and DQN (MLP Q-network). Plain: autograd records
+    the forward and runs its backward. On: the gradients of the loss and of every layer are computed by
     hand under no_grad (no graph, a few fused ops per layer); ``auto`` = on for the CPU where
     the model allows it and no AMP, compile or CUDA graphs is asked for."""
     replay: Literal["list", "tensor", "auto"] = "list"

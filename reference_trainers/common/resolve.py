@@ -155,7 +155,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     action_space = spaces[1]
     if resolved.algo in VALUE_BASED:
-        _resolve_value_based(resolved, reasons, action_space)
+        _resolve_value_based(resolved, reasons, action_space, on_cpu=kind == "cpu")
     else:
         _resolve_ppo(resolved, reasons, action_space, on_cpu=kind == "cpu")
     return Resolution(resolved, device, reasons)
@@ -207,10 +207,11 @@ def _analytic_grads_blocker(config: TrainConfig, space: gym.Space) -> str | None
     """Why ``analytic_grads`` cannot run with this config (None if it can)."""
     o = config.optimizations
     blockers = [
-        (config.algo != "ppo", f"it covers the PPO update, not algo {config.algo!r}"),
+        (config.algo not in ("ppo", "dqn"), f"it covers the PPO and DQN updates, not algo {config.algo!r}"),
         (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} needs backpropagation through time"),
         (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
-        (not isinstance(space, gym.spaces.Discrete), f"{config.env.id!r} has continuous actions; it covers discrete ones"),
+        (config.algo == "ppo" and not isinstance(space, gym.spaces.Discrete),
+         f"{config.env.id!r} has continuous actions; it covers discrete ones"),
         (bool(o.amp), "amp: its gradients are float32"),
         (bool(o.compile_model) or bool(o.compile_train_step), "compile_model/compile_train_step compile the autograd path"),
         (bool(o.cuda_graphs), "cuda_graphs captures the autograd update"),
@@ -230,10 +231,10 @@ def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space:
         o.analytic_grads = _pick(reasons, "optimizations.analytic_grads", on_cpu and blocker is None, why)
 
 
-def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
+def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
-    _resolve_analytic_grads(config, reasons, space, on_cpu=False)
+    _resolve_analytic_grads(config, reasons, space, on_cpu)
     hp = getattr(config, algo)
     if o.lean_rollout:
         raise ConfigError(f"optimizations.lean_rollout: true has no effect for algo {algo!r} (it keeps no PPO rollout); "
@@ -330,7 +331,7 @@ def optimisation_summary(config: TrainConfig) -> str:
     ]
     if config.algo == "ppo":
         parts.append(f"lean_rollout={onoff(o.lean_rollout)}")
-        parts.append(f"analytic_grads={onoff(o.analytic_grads)}")
+    parts.append(f"analytic_grads={onoff(o.analytic_grads)}")
     if config.algo in VALUE_BASED:
         parts.append(f"replay={o.replay}")
     return "Optimisations: " + " ".join(parts)
