@@ -10,6 +10,7 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from .common.networks import ActorCritic, StackedMLPs
 from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
-from .common.speedups import HostToDevice
+from .common.speedups import CompiledOrEager, HostToDevice
 from .common.trainer import IterationResult, train_from_command_line
 from .common.trainer_state import Checkpointable
 
@@ -267,6 +268,10 @@ class PPOTrainer(Checkpointable):
                                sets_grads=self.analytic)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
+        # analytic_grads: the loss-gradient function, compiled under compile_train_step (no autograd in it)
+        loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
+        self.loss_grads = (CompiledOrEager(loss_grads, "loss_grads") if self.analytic and o.compile_train_step
+                           else loss_grads)
         self.act = self._act_batched if o.batch_inference else self._act_per_env
         self.lean = bool(o.lean_rollout)
         self.stacked: StackedMLPs | None = None  # lean_rollout: the rollout's stacked actor-critic
@@ -456,8 +461,8 @@ class PPOTrainer(Checkpointable):
         with torch.no_grad():
             logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
             value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
-            loss, stats, grad_logits, grad_value = ppo_loss_grads(logits, value.squeeze(-1), actions, old_logprob,
-                                                                  advantages, returns, old_value, mask, self.loss_coefs)
+            loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), actions, old_logprob,
+                                                                   advantages, returns, old_value, mask)
             analytic.mlp_backward(actor_saved, grad_logits)
             analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
         return loss, stats
@@ -533,7 +538,7 @@ class PPOTrainer(Checkpointable):
 
     @property
     def compile_fallback(self) -> bool:
-        return fell_back(self.forward, self.learner.loss_and_grads)
+        return fell_back(self.forward, self.learner.loss_and_grads, self.loss_grads)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()

@@ -145,7 +145,8 @@ def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch,
 @pytest.mark.parametrize(("overrides", "message"), [
     (["env.id=Pendulum-v1"], "continuous actions"),
     (["optimizations.amp=true", "optimizations.amp_dtype=bfloat16"], "amp"),
-    (["optimizations.compile_model=true"], "compile_model/compile_train_step"),
+    (["optimizations.compile_model=true"], "compile_model compiles the module forward"),
+    (["algo=dqn", "optimizations.compile_train_step=true"], "compile_train_step compiles DQN's autograd update"),
     (["model.recurrent=lstm"], "model.recurrent 'lstm'"),
     (["algo=iqn"], "not algo 'iqn'"),
 ])
@@ -164,6 +165,28 @@ def test_analytic_grads_auto_resolves_where_it_applies(overrides: list[str], exp
     resolution = resolve_config(build_config({}, TINY + overrides + ["optimizations.analytic_grads=auto"]))
     assert resolution.config.optimizations.analytic_grads is expected
     assert "optimizations.analytic_grads" in resolution.reasons
+
+
+@pytest.mark.slow  # one inductor compile: seconds with a warm cache, ~30 s cold on 2 cores
+def test_compile_train_step_compiles_the_loss_gradient_function_under_analytic_grads() -> None:
+    from reference_trainers.common.speedups import CompiledOrEager
+    resolution = resolve_config(build_config({}, TINY + ["optimizations.analytic_grads=auto",
+                                                         "optimizations.compile_train_step=true"]))
+    o = resolution.config.optimizations
+    assert o.analytic_grads is True and o.compile_train_step is True
+    t = PPOTrainer(resolution.config, resolution=resolution)
+    try:
+        assert isinstance(t.loss_grads, CompiledOrEager)
+        assert not isinstance(t.learner.loss_and_grads, CompiledOrEager)  # no autograd step to compile
+        t.iterate()
+        assert not t.compile_fallback, t.loss_grads.reason
+    finally:
+        t.close()
+    eager = trainer("optimizations.analytic_grads=true", "optimizations.compile_train_step=false")
+    try:
+        assert not isinstance(eager.loss_grads, CompiledOrEager)
+    finally:
+        eager.close()
 
 
 # --------------------------------------------------------------------------- stacked actor-critic

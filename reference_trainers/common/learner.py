@@ -94,7 +94,7 @@ class Learner:
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
-            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True) if o.compile_train_step
+            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True) if o.compile_train_step and not sets_grads
             else self._loss_and_grads)
         self.graphed: CudaGraphedStep | None = None
         self.nonfinite_events = 0

@@ -103,6 +103,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     if o.compile_model == "auto":
         o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
+    _resolve_analytic_grads(resolved, reasons, spaces[1], on_cpu=kind == "cpu")
     if o.compile_train_step == "auto":
         o.compile_train_step = _pick(reasons, "optimizations.compile_train_step",
                                      on_cuda and not o.cuda_graphs and not resolved.distributed.enabled,
@@ -155,9 +156,9 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     action_space = spaces[1]
     if resolved.algo in VALUE_BASED:
-        _resolve_value_based(resolved, reasons, action_space, on_cpu=kind == "cpu")
+        _resolve_value_based(resolved, reasons, action_space)
     else:
-        _resolve_ppo(resolved, reasons, action_space, on_cpu=kind == "cpu")
+        _resolve_ppo(resolved, reasons)
     return Resolution(resolved, device, reasons)
 
 
@@ -188,9 +189,8 @@ def _resolve_distributed(config: TrainConfig, device: torch.device) -> torch.dev
     return device
 
 
-def _resolve_ppo(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
+def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
     ppo, o = config.ppo, config.optimizations
-    _resolve_analytic_grads(config, reasons, space, on_cpu)
     batch = config.env.num_envs * ppo.num_steps
     if batch % ppo.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide the batch env.num_envs*ppo.num_steps={batch}")
@@ -213,7 +213,9 @@ def _analytic_grads_blocker(config: TrainConfig, space: gym.Space) -> str | None
         (config.algo == "ppo" and not isinstance(space, gym.spaces.Discrete),
          f"{config.env.id!r} has continuous actions; it covers discrete ones"),
         (bool(o.amp), "amp: its gradients are float32"),
-        (bool(o.compile_model) or bool(o.compile_train_step), "compile_model/compile_train_step compile the autograd path"),
+        (o.compile_model is True, "compile_model compiles the module forward it bypasses"),
+        (config.algo == "dqn" and o.compile_train_step is True,
+         "compile_train_step compiles DQN's autograd update; its hand-written one has no compiled form"),
         (bool(o.cuda_graphs), "cuda_graphs captures the autograd update"),
         (config.distributed.enabled, "distributed training all-reduces inside autograd's backward"),
     ]
@@ -231,10 +233,9 @@ def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space:
         o.analytic_grads = _pick(reasons, "optimizations.analytic_grads", on_cpu and blocker is None, why)
 
 
-def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
+def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
-    _resolve_analytic_grads(config, reasons, space, on_cpu)
     hp = getattr(config, algo)
     if o.lean_rollout:
         raise ConfigError(f"optimizations.lean_rollout: true has no effect for algo {algo!r} (it keeps no PPO rollout); "
