@@ -6,7 +6,6 @@ import contextlib
 import statistics
 import time
 from collections import defaultdict
-from typing import Iterator
 
 import numpy as np
 import psutil
@@ -40,6 +39,23 @@ def process_cpu_seconds() -> float:
     return total
 
 
+class _PhaseTimer:
+    """One timed phase: adds its wall seconds to ``seconds[name]`` on exit (exceptions too).
+    A plain class rather than a generator context manager: a trainer enters several phases
+    per env step, and the probe's own cost is charged to the run it measures."""
+
+    __slots__ = ("seconds", "name", "start")
+
+    def __init__(self, seconds: dict[str, float], name: str) -> None:
+        self.seconds, self.name = seconds, name
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.seconds[self.name] += time.perf_counter() - self.start
+
+
 class TimingProbe:
     """Accumulates wall seconds per phase (host-side wall time; on CUDA queued kernels are
     charged to whichever phase waits for them)."""
@@ -48,18 +64,10 @@ class TimingProbe:
         self.seconds: dict[str, float] = defaultdict(float)
         self.enabled = False
 
-    @contextlib.contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - start
-
     _off = contextlib.nullcontext()
 
     def phase(self, name: str):  # noqa: ANN201 - returns a context manager
-        return self._timed(name) if self.enabled else self._off
+        return _PhaseTimer(self.seconds, name) if self.enabled else self._off
 
     def totals(self) -> dict[str, float]:
         return {name: float(self.seconds.get(name, 0.0)) for name in PHASES}

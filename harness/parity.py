@@ -50,6 +50,8 @@ FLAG_CLASSES: dict[str, str] = {
     "optimizations.optimizer_impl": FP_REORDER,
     # a graph needs capturable Adam: step counts and bias corrections as float32 device tensors
     "optimizations.cuda_graphs": FP_REORDER,
+    "optimizations.lean_rollout": FP_REORDER,
+    "optimizations.analytic_grads": FP_REORDER,
     "optimizations.compile_model": FP_REORDER,
     "optimizations.compile_train_step": FP_REORDER,
     "optimizations.torch_threads": FP_REORDER,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .common import analytic
 from .common.buffers import Sample
 from .common.networks import QNetwork
 from .common.trainer import train_from_command_line
@@ -81,6 +82,28 @@ class DQNTrainer(ValueTrainer):
         q_taken = q.float().gather(1, actions.unsqueeze(1)).squeeze(1)
         loss, td_abs = td_loss(q_taken, targets, weights)
         return loss, {"loss": loss.detach(), "q_values": q_taken.detach().mean(), "priority": td_abs}
+
+
+    def analytic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                      bootstrap: torch.Tensor, weights: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads``: ``loss`` with the Q-network's gradients set by hand (no autograd graph):
+        the Huber loss's gradient is the TD error clamped to [-1, 1], per sample, over the batch
+        (times the importance weights under PER), at the taken action; ``analytic.mlp_backward``
+        carries it through the MLP."""
+        with torch.no_grad():
+            next_q_target = self.target_forward(next_obs)
+            next_q_online = self.forward(next_obs) if self.hp.double_q else None
+            targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)
+            q, saved = analytic.mlp_forward(self.model.net, obs)
+            taken = actions.unsqueeze(1)
+            q_taken = q.gather(1, taken).squeeze(1)
+            loss, td_abs = td_loss(q_taken, targets, weights)
+            slope = (q_taken - targets).clamp(-1.0, 1.0) / q_taken.shape[0]
+            if weights is not None:
+                slope = slope * weights
+            analytic.mlp_backward(saved, torch.zeros_like(q).scatter_(1, taken, slope.unsqueeze(1)))
+        return loss, {"loss": loss, "q_values": q_taken.mean(), "priority": td_abs}
 
 
 def main(argv: list[str] | None = None) -> int:

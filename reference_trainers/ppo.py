@@ -10,7 +10,9 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -19,21 +21,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import distributed
+from .common import analytic, distributed
 from .common.config import ConfigError, TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, open_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
-from .common.networks import ActorCritic
+from .common.networks import ActorCritic, StackedMLPs
 from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
-from .common.speedups import HostToDevice
+from .common.speedups import CompiledOrEager, HostToDevice
 from .common.trainer import IterationResult, train_from_command_line
 from .common.trainer_state import Checkpointable
 
 LOG_2PI = math.log(2 * math.pi)
 
-__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "ppo_loss", "ppo_trainer"]
+__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "compute_gae_fused",
+           "ppo_loss", "ppo_loss_grads", "ppo_trainer"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -103,6 +106,23 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.T
     return advantages, advantages + values
 
 
+def compute_gae_fused(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor,
+                      terminated: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor, gamma: float,
+                      lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``compute_gae`` with the TD errors and the chain coefficients computed for the whole
+    rollout at once, leaving one fused multiply-add per time step (``lean_rollout``)."""
+    steps = rewards.shape[0]
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    not_terminated = 1.0 - terminated
+    deltas = (rewards + gamma * next_values * not_terminated - values) * valid
+    chain = gamma * lam * not_terminated * (1.0 - truncated) * valid
+    advantages = torch.empty_like(rewards)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(steps)):
+        running = torch.addcmul(deltas[t], chain[t], running, out=advantages[t])
+    return advantages, advantages + values
+
+
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor, old_logprob: torch.Tensor,
              advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
              cfg: "PPOLossCoefs") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -130,6 +150,74 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
             "clip_fraction": masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float()),
         }
     return loss, stats
+
+
+def _max_share(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The share of the gradient of ``torch.max(a, b)`` that goes to ``a``: 1, 0, or 1/2 at a tie (as in autograd)."""
+    return (torch.sign(a - b) + 1.0) * 0.5
+
+
+def _clamp_passes(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Where ``clamp(x, low, high)`` passes the gradient: inside the range, bounds included."""
+    return (x >= low) & (x <= high)
+
+
+def ppo_loss_grads(actor_out: torch.Tensor, new_value: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                   advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
+                   cfg: PPOLossCoefs) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``ppo_loss`` of categorical logits, and its gradient with respect to the logits and the
+    values, derived by hand (``analytic_grads``); returns (loss, stats, d loss/d logits, d loss/d values).
+
+    The same maths as ``ppo_loss`` + ``evaluate_actions`` under autograd, with fewer ops: the
+    masked means are one matrix-vector product with ``mask / count``, and each ``max``/``clamp``
+    pair's gradient is one share (ties split in half, clamp bounds included, as autograd does).
+    Agreement with autograd: tests/test_analytic.py."""
+    count = mask.sum().clamp_min(1.0)
+    weight = mask / count  # masked_mean(x) = x . weight
+    if cfg.norm_adv:
+        centered = advantages - advantages.dot(weight)
+        advantages = centered / (centered.square().dot(weight).sqrt() + 1e-8)
+    log_probs = F.log_softmax(actor_out, dim=-1)
+    probs = log_probs.exp()
+    taken = actions.long().unsqueeze(-1)
+    log_ratio = log_probs.gather(-1, taken).squeeze(-1) - old_logprob
+    ratio = log_ratio.exp()
+    low, high = 1 - cfg.clip_coef, 1 + cfg.clip_coef
+    neg_adv = -advantages
+    unclipped, clipped = neg_adv * ratio, neg_adv * ratio.clamp(low, high)
+    value_error = new_value - returns
+    if cfg.clip_vloss:
+        value_step = new_value - old_value
+        clipped_error = old_value + value_step.clamp(-cfg.clip_coef, cfg.clip_coef) - returns
+        squared, clipped_squared = value_error.square(), clipped_error.square()
+        value_terms = torch.maximum(squared, clipped_squared)
+    else:
+        value_terms = value_error.square()
+    ratio_step = ratio - 1.0
+    terms = torch.stack([torch.maximum(unclipped, clipped), value_terms, -(probs * log_probs).sum(-1),
+                         ratio_step - log_ratio, (ratio_step.abs() > cfg.clip_coef).float()])
+    pg_loss, value_sum, entropy_loss, approx_kl, clip_fraction = terms.mv(weight).unbind()
+    v_loss = 0.5 * value_sum
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+
+    # policy: the max's share to the unclipped side, else the clamp's pass-through, then exp
+    share = torch.where(_clamp_passes(ratio, low, high), 1.0, _max_share(unclipped, clipped))
+    grad_logprob = weight * neg_adv * share * ratio
+    # entropy -(p * log p).sum(-1) with p = exp(log p): d/d log p = -p * (1 + log p) per unit of entropy
+    grad_log_probs = (log_probs + 1.0) * probs * (weight * cfg.ent_coef).unsqueeze(-1)
+    grad_log_probs = grad_log_probs.scatter_add(-1, taken, grad_logprob.unsqueeze(-1))
+    grad_logits = grad_log_probs - probs * grad_log_probs.sum(-1, keepdim=True)  # log_softmax backward
+    # value: 0.5 * vf_coef * mean of the (clipped) squared error; d (e^2) = 2e
+    if cfg.clip_vloss:
+        share_v = _max_share(squared, clipped_squared)
+        passes = _clamp_passes(value_step, -cfg.clip_coef, cfg.clip_coef)
+        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
+    else:
+        slope = value_error
+    grad_value = slope * (weight * cfg.vf_coef)
+    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss, "approx_kl": approx_kl,
+             "clip_fraction": clip_fraction}
+    return loss, stats, grad_logits, grad_value
 
 
 @dataclass(frozen=True)
@@ -174,10 +262,24 @@ class PPOTrainer(Checkpointable):
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
                                       uint8=bool(o.uint8_transfer))
         self.prefetcher = Prefetcher(o.num_workers)
-        self.learner = Learner(self.model, self._minibatch_loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps)
+        self.analytic = bool(o.analytic_grads)
+        if self.analytic and not (isinstance(self.model, ActorCritic) and self.discrete and self.model.torso is None
+                                  and analytic.supports(self.model.actor) and analytic.supports(self.model.critic)):
+            raise ConfigError("optimizations.analytic_grads: true needs the feed-forward MLP actor-critic with discrete "
+                              "actions; accepted here: false or auto")
+        loss = self._minibatch_analytic if self.analytic else self._minibatch_loss
+        self.learner = Learner(self.model, loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
+                               sets_grads=self.analytic)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
+        # analytic_grads: the loss-gradient function, compiled under compile_train_step (no autograd in it)
+        loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
+        self.loss_grads = (CompiledOrEager(loss_grads, "loss_grads") if self.analytic and o.compile_train_step
+                           else loss_grads)
         self.act = self._act_batched if o.batch_inference else self._act_per_env
+        self.lean = bool(o.lean_rollout)
+        self.stacked: StackedMLPs | None = None  # lean_rollout: the rollout's stacked actor-critic
+        self.gae = compute_gae_fused if self.lean else compute_gae
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self._allocate_storage()
@@ -220,6 +322,8 @@ class PPOTrainer(Checkpointable):
         self.logprobs_buf, self.values_buf, self.rewards_buf = zeros(T, N), zeros(T, N), zeros(T, N)
         self.terminated_buf, self.truncated_buf, self.valid_buf = zeros(T, N), zeros(T, N), zeros(T, N)
         self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
+        # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
+        self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
 
     # ----------------------------------------------------------------- acting
     def _action_noise(self) -> torch.Tensor:
@@ -227,10 +331,26 @@ class PPOTrainer(Checkpointable):
         shape = () if self.discrete else tuple(self.model.log_std.shape)
         return action_noise(self.num_envs, self.discrete, shape, self.generator, self.device)
 
+    def _stack_networks(self) -> None:
+        """``lean_rollout``: snapshot the actor and critic MLPs as one stacked network for this
+        rollout's forwards (the weights stay fixed until the update); None where the model or
+        the flags (compile, DDP) call for the model's own forward."""
+        model = self.model
+        plain_model = self.forward is model and isinstance(model, ActorCritic) and model.torso is None
+        stackable = plain_model and analytic.supports(model.actor) and analytic.supports(model.critic)
+        self.stacked = StackedMLPs(model.actor, model.critic) if stackable else None
+
+    def _actor_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor output, value) for acting: the rollout's stacked network where there is one."""
+        if self.stacked is None:
+            return self.forward(obs)
+        actor_out, value = self.stacked(obs)
+        return actor_out, value.squeeze(-1)
+
     def _policy(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             with self.learner.autocast():
-                actor_out, value = self.forward(obs)
+                actor_out, value = self._actor_critic(obs)
             log_std = None if self.discrete else self.model.log_std
             action, logprob = sample_action(actor_out, log_std, noise)
         return action, logprob, value.float()
@@ -280,6 +400,10 @@ class PPOTrainer(Checkpointable):
     # ----------------------------------------------------------------- collect
     def collect(self) -> tuple[int, int]:
         """Fill the rollout storage; returns (env frames, agent steps)."""
+        return self._collect_lean() if self.lean else self._collect_plain()
+
+    def _collect_plain(self) -> tuple[int, int]:
+        """Plain path: every step's tensors cross to the device and are written to storage as they come."""
         probe, frames = self.probe, 0
         for t in range(self.config.ppo.num_steps):
             with probe.phase("transfer"):
@@ -300,6 +424,38 @@ class PPOTrainer(Checkpointable):
                 self.episode_over = terminated | truncated
         return frames, self.config.ppo.num_steps * self.num_envs
 
+    def _collect_lean(self) -> tuple[int, int]:
+        """Optimised path (``lean_rollout``): the actor and critic MLPs run as one stacked network
+        (``StackedMLPs``, built once per rollout); per step, one device copy (the observation, into
+        its storage row); the reset mask, rewards and done flags go to a host array that crosses
+        once per rollout, and actions, log-probabilities and values are stacked once at the end."""
+        probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
+        host = self.host_scalars
+        self._stack_networks()
+        actions, logprobs, values = [], [], []
+        for t in range(steps):
+            host[0, t] = ~self.episode_over
+            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            self.obs_buf[t] = obs_t
+            actions.append(action)
+            logprobs.append(logprob)
+            values.append(value)
+            with probe.phase("env"):
+                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
+            with probe.phase("logging"):
+                host[1, t], host[2, t], host[3, t] = reward, terminated, truncated
+                frames += frames_in_step(info, self.num_envs)
+                self.tracker.update(reward, terminated, truncated)
+                self.episode_over = terminated | truncated
+        with probe.phase("transfer"):
+            scalars = self.to_device(host, "rollout_scalars")
+            for store, rows in zip((self.valid_buf, self.rewards_buf, self.terminated_buf, self.truncated_buf), scalars):
+                store.copy_(rows)
+            torch.stack(actions, out=self.actions_buf)
+            torch.stack(logprobs, out=self.logprobs_buf)
+            torch.stack(values, out=self.values_buf)
+        return frames, steps * self.num_envs
+
     # ----------------------------------------------------------------- update
     def _minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
                         advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
@@ -312,6 +468,20 @@ class PPOTrainer(Checkpointable):
         return ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
                         mask, self.loss_coefs)
 
+    def _minibatch_analytic(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                            advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+                            mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads``: the PPO loss of one minibatch, with every parameter's gradient set by
+        hand (no autograd graph); the learner adds clipping and the step."""
+        with torch.no_grad():
+            logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
+            value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
+            loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), actions, old_logprob,
+                                                                   advantages, returns, old_value, mask)
+            analytic.mlp_backward(actor_saved, grad_logits)
+            analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
+        return loss, stats
+
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo
         if ppo.anneal_lr:
@@ -323,24 +493,46 @@ class PPOTrainer(Checkpointable):
         with self.probe.phase("inference"):
             next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
             with torch.no_grad(), self.learner.autocast():
-                next_value = self.forward(next_obs)[1].float()
+                next_value = self._actor_critic(next_obs)[1].float()
+        self.stacked = None  # the update changes the weights
         with self.probe.phase("update"):
             self._set_learning_rate()
-            advantages, returns = compute_gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
-                                              self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
+            advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
+                                           self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
             batch = (self.obs_buf.flatten(0, 1), self.actions_buf.flatten(0, 1), self.logprobs_buf.flatten(),
                      advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
             size = batch[0].shape[0]
             minibatch = size // c.ppo.num_minibatches
+            gather = self._packed_gather(batch) if self.lean else (lambda idx: tuple(x[idx] for x in batch))
             steps = 0
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(size, generator=self.generator, device=self.device)
                 chunks = (order[start:start + minibatch] for start in range(0, size, minibatch))
                 # gathered inline, or ahead on background threads (num_workers) while earlier ones train
-                for minibatch_tensors in self.prefetcher.map(lambda idx: tuple(x[idx] for x in batch), chunks):
+                for minibatch_tensors in self.prefetcher.map(gather, chunks):
                     self.learner.step(*minibatch_tensors)
                     steps += 1
         return steps
+
+    @staticmethod
+    def _packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """``lean_rollout``: the batch packed column-wise into one float32 tensor, so that a
+        minibatch is one ``index_select`` and column views (discrete actions travel as float32,
+        exact below 2**24; ``evaluate_actions`` takes them back to int64). Observations that are
+        not flat float32 vectors are gathered on their own."""
+        obs, rest = batch[0], batch[1:]
+        pack_obs = obs.dtype == torch.float32 and obs.dim() == 2
+        columns = ([obs] if pack_obs else []) + [x.reshape(x.shape[0], -1).float() for x in rest]
+        widths = [x.shape[1] for x in columns]
+        packed = torch.cat(columns, dim=1)
+        flat_action = batch[1].dim() == 1
+
+        def gather(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            parts = list(packed.index_select(0, idx).split(widths, dim=1))
+            gathered_obs = parts.pop(0) if pack_obs else obs[idx]
+            action = parts[0].squeeze(1) if flat_action else parts[0]
+            return (gathered_obs, action, *(part.squeeze(1) for part in parts[1:]))
+        return gather
 
     # ----------------------------------------------------------------- loop
     def iterate(self) -> IterationResult:
@@ -362,7 +554,7 @@ class PPOTrainer(Checkpointable):
 
     @property
     def compile_fallback(self) -> bool:
-        return fell_back(self.forward, self.learner.loss_and_grads)
+        return fell_back(self.forward, self.learner.loss_and_grads, self.loss_grads)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()

@@ -25,7 +25,7 @@ from torch import nn
 
 from .common.checkpoint import decode_array, encode_array
 from .common.networks import RecurrentActorCritic
-from .ppo import PPOTrainer, compute_gae, evaluate_actions, ppo_loss, sample_action
+from .ppo import PPOTrainer, evaluate_actions, ppo_loss, sample_action
 
 __all__ = ["RecurrentPPOTrainer", "episode_starts"]
 
@@ -148,8 +148,8 @@ class RecurrentPPOTrainer(PPOTrainer):
                 _, next_value, _ = self.forward(next_obs, self.state, starts)
         with self.probe.phase("update"):
             self._set_learning_rate()
-            advantages, returns = compute_gae(self.rewards_buf, self.values_buf, next_value.float(), self.terminated_buf,
-                                              self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
+            advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value.float(), self.terminated_buf,
+                                           self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
             sequences = (self.obs_buf, self.actions_buf, self.logprobs_buf, advantages, returns, self.values_buf,
                          self.valid_buf, episode_starts(self.rollout_starts, self.valid_buf))
             per_minibatch = self.num_envs // c.ppo.num_minibatches

@@ -61,6 +61,8 @@ def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cp
         maybe("optimizations.optimizer_impl", st.sampled_from([None, *impls]))
         if device == "cpu":
             maybe("optimizations.torch_threads", st.sampled_from([None, 1]))
+        if algo == "ppo" and draw(st.booleans()):
+            combo["optimizations.lean_rollout"] = True
         if compile_flags:
             which = draw(st.sampled_from(["compile_model", "compile_train_step", "both"]))
             if which in ("compile_model", "both"):

@@ -19,7 +19,8 @@ from reference_trainers.common.resolve import resolve_config
 from results_factory import make_result
 
 CPU = ["device=cpu"]
-CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "sync_free_logging", "torch_threads"}
+CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "sync_free_logging", "torch_threads", "lean_rollout",
+             "analytic_grads"}
 
 
 

@@ -135,16 +135,27 @@ def test_list_storage_copies_each_field_per_sampled_minibatch_and_nothing_per_in
     assert copies.names == ["replay_obs", "replay_actions", "replay_rewards", "replay_next_obs", "replay_bootstrap"]
 
 
-def test_tensor_storage_copies_once_per_insert_and_samples_on_the_device() -> None:
+def test_tensor_storage_on_cpu_inserts_in_place_and_samples_without_copies() -> None:
+    """On the CPU the storage tensor is host memory: inserts write its numpy view (no copy at
+    all); elsewhere each insert is one host->device copy (``replay_insert``)."""
     copies = CountingCopies()
     buffer = replay("tensor", 100, to_device=copies)
     assert isinstance(buffer.storage, TensorStorage) and isinstance(buffer.sampler, UniformSampler)
     buffer.add(transitions(list(range(10))))
     buffer.add(transitions(list(range(10, 13))))
-    assert copies.names == ["replay_insert", "replay_insert"]
     buffer.sample(8)
-    assert copies.names == ["replay_insert", "replay_insert"]
+    assert copies.names == []
     assert buffer.storage.rows.dtype == torch.float32 and buffer.storage.rows.device == CPU
+    assert buffer.storage.rows[:13, -1].tolist() == [float(i % 5) for i in range(13)]  # the actions column
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tensor_storage_on_cuda_copies_once_per_insert() -> None:
+    copies = CountingCopies()
+    storage = TensorStorage(100, OBS_DIM, torch.device("cuda"), copies)
+    storage.write(0, transitions(list(range(10))))
+    storage.write(10, transitions(list(range(10, 13))))
+    assert copies.names == ["replay_insert", "replay_insert"]
 
 
 def test_list_storage_holds_numpy_transitions() -> None:

@@ -374,6 +374,14 @@ def _nan_loss(monkeypatch: pytest.MonkeyPatch, poisoned: Any = lambda: True) -> 
         return (loss * float("nan"), stats) if poisoned() else (loss, stats)
 
     monkeypatch.setattr(ppo_module, "ppo_loss", nan_loss)
+    original_grads = ppo_module.ppo_loss_grads
+
+    def nan_loss_grads(*args: Any, **kwargs: Any) -> Any:  # the analytic_grads path's loss
+        loss, stats, grad_logits, grad_values = original_grads(*args, **kwargs)
+        nan = float("nan") if poisoned() else 1.0
+        return loss * nan, stats, grad_logits * nan, grad_values * nan
+
+    monkeypatch.setattr(ppo_module, "ppo_loss_grads", nan_loss_grads)
 
 
 def _count_iterations(monkeypatch: pytest.MonkeyPatch, on_call: Any = None) -> dict[str, int]:

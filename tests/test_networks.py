@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from matmul_dtypes import MatmulDtypes
 from reference_trainers.common.config import ModelConfig
 from reference_trainers.common.networks import (
     ActorCritic,
@@ -68,13 +69,9 @@ NETWORKS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], Callable[[nn
 def test_outputs_are_float32_under_bf16_autocast_while_hidden_layers_are_not(name: str) -> None:
     build, obs_shape, call = NETWORKS[name]
     net = build()
-    hidden_dtypes: list[torch.dtype] = []
-    for module in net.modules():
-        if type(module) in (nn.Linear, nn.Conv2d):  # the hidden layers (OutputLinear is a subclass)
-            module.register_forward_hook(lambda _m, _i, out: hidden_dtypes.append(out.dtype))
     obs = torch.rand(2, *obs_shape) * (255 if len(obs_shape) == 3 else 1)
-    with torch.no_grad(), bf16_autocast():
+    with torch.no_grad(), bf16_autocast(), MatmulDtypes() as seen:
         outputs = call(net, obs)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     assert all(out.dtype == torch.float32 for out in outputs)
-    assert hidden_dtypes and set(hidden_dtypes) == {torch.bfloat16}
+    assert seen.dtypes == {torch.bfloat16, torch.float32}  # hidden layers in bf16, output layers in float32

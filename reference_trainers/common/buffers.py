@@ -101,22 +101,27 @@ class TensorStorage:
     """Optimised path: one preallocated float32 tensor on the device, a row per transition
     (``obs | next_obs | reward | bootstrap | action``). An insert packs a step's transitions
     into one host array, copies it once (pinned / non_blocking when those flags are on) and
-    writes it with at most two slice copies; a minibatch is one device gather."""
+    writes it with at most two slice copies (on the CPU, where the tensor is host memory,
+    straight into its numpy view); a minibatch is one device gather."""
 
     def __init__(self, capacity: int, obs_dim: int, device: torch.device, to_device: HostToDevice) -> None:
         self.capacity, self.obs_dim = capacity, obs_dim
         self.to_device = to_device
         self.rows = torch.zeros(capacity, 2 * obs_dim + 3, dtype=torch.float32, device=device)
+        self.host_rows = self.rows.numpy() if self.rows.device.type == "cpu" else None
 
     def write(self, start: int, batch: TransitionBatch) -> None:
         # actions travel as float32: exact for any action index below 2**24
         packed = np.concatenate([batch.obs, batch.next_obs, batch.rewards[:, None], batch.bootstrap[:, None],
                                  batch.actions[:, None].astype(np.float32)], axis=1)
-        rows = self.to_device(packed, "replay_insert")
+        store = self.host_rows
+        rows: np.ndarray | torch.Tensor = packed
+        if store is None:
+            store, rows = self.rows, self.to_device(packed, "replay_insert")
         first = min(len(batch), self.capacity - start)
-        self.rows[start:start + first] = rows[:first]
+        store[start:start + first] = rows[:first]
         if first < len(batch):
-            self.rows[:len(batch) - first] = rows[first:]
+            store[:len(batch) - first] = rows[first:]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"rows": self.rows.detach().cpu().clone()}

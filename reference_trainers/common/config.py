@@ -223,6 +223,16 @@ class OptimizationsConfig(_Section):
     num_workers: int = Field(0, ge=0, le=64)
     """Background threads that assemble the next minibatches (PPO minibatch gathers,
     DQN/IQN replay gathers) while the current update runs; 0 = inline (plain)."""
+    lean_rollout: bool = False
+    """PPO. Plain: each rollout step's tensors cross to the device and are written to storage
+    as they come; GAE is a loop of elementwise ops per step; a minibatch is one gather per
+    field. On: the reset mask, rewards and done flags cross once per rollout, GAE is one fused
+    multiply-add per step, a minibatch is one gather of a packed batch."""
+    analytic_grads: Union[bool, Auto] = False
+    """PPO (MLP actor-critic, discrete actions) and DQN (MLP Q-network). Plain: autograd records
+    the forward and runs its backward. On: the gradients of the loss and of every layer are computed by
+    hand under no_grad (no graph, a few fused ops per layer); ``auto`` = on for the CPU where
+    the model allows it and no AMP, compile or CUDA graphs is asked for."""
     replay: Literal["list", "tensor", "auto"] = "list"
     """DQN/IQN replay storage. list: a Python list of numpy transitions, converted per sampled
     minibatch (plain); tensor: preallocated device tensors, batched insert, device-side gather."""

@@ -119,13 +119,14 @@ def _check_action_repeat(action_repeat: int) -> None:
 
 
 def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1,
-                          preprocessing: str = "none") -> VectorizationChoice:
+                          preprocessing: str = "none", num_envs: int | None = None) -> VectorizationChoice:
     """Turn a requested mode (one of VECTORIZATION_MODES or 'auto') into a concrete mode with a reason.
 
     'auto' picks 'envpool' for Atari when EnvPool is installed and provides the game (its C++
     thread pool steps and preprocesses frames outside the GIL), else 'native' when the env has an
-    importable vector entry point and action_repeat == 1, else 'sync' (in-process envs beat
-    subprocess ones for cheap envs on small machines).
+    importable vector entry point, action_repeat == 1 and more than one sub-env (``num_envs``
+    1 picks 'serial': one plain env step costs less than a vector env's batched array code),
+    else 'sync' (in-process envs beat subprocess ones for cheap envs on small machines).
     """
     if requested not in _ACCEPTED_REQUESTS:
         raise EnvConfigError(
@@ -172,6 +173,9 @@ def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1
         return VectorizationChoice(
             "sync", f"action_repeat={int(action_repeat)} must wrap each sub-env, which a native vector env cannot do"
         )
+    if num_envs == 1:
+        return VectorizationChoice("serial", f"{why}, but with one sub-env a plain env step is cheaper than "
+                                             "the vector env's batched array code")
     return VectorizationChoice("native", why)
 
 

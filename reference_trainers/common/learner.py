@@ -24,7 +24,7 @@ from . import device as dev
 from . import distributed
 from .config import OptimizationsConfig, TrainConfig
 from .resolve import amp_dtype
-from .speedups import CompiledOrEager, CudaGraphedStep, make_adam
+from .speedups import CompiledOrEager, CudaGraphedStep, FusedAdamStep, clip_grad_norm, make_adam
 from .stats import make_stats
 
 log = logging.getLogger("rlgauge")
@@ -64,7 +64,8 @@ def fell_back(*callables: object) -> bool:
 class Learner:
     """Optimiser steps on ``model``'s parameters from a loss closure, with every update-side flag.
 
-    Plain path: eager closure, for-loop Adam, float32, ``.item()`` per logged value. Each flag
+    Plain path: eager closure, for-loop Adam and per-tensor gradient clipping, float32,
+    ``.item()`` per logged value (``optimizer_impl`` foreach/fused also clips with foreach kernels). Each flag
     swaps one piece (see the module docstring). ``train_model`` is the module a trainer's loss
     must call: ``model`` itself, or its DDP wrapper under ``distributed.enabled``. Guarded by
     tests/test_learner.py and, through the trainers, tests/test_ppo.py, tests/test_value_based.py,
@@ -72,9 +73,10 @@ class Learner:
     """
 
     def __init__(self, model: nn.Module, loss: LossFn, config: TrainConfig, device: torch.device,
-                 learning_rate: float, adam_eps: float) -> None:
+                 learning_rate: float, adam_eps: float, sets_grads: bool = False) -> None:
         o = config.optimizations
         self.model, self.loss, self.device = model, loss, device
+        self.sets_grads = sets_grads  # the loss closure sets every gradient itself (analytic_grads): no backward
         self.train_model: nn.Module = distributed.wrap_model(model, device) if config.distributed.enabled else model
         self.nan_policy = config.stability.nan_policy
         self.max_grad_norm = config.stability.max_grad_norm
@@ -84,10 +86,15 @@ class Learner:
         if o.cuda_graphs:
             lr = torch.tensor(lr, dtype=torch.float32, device=device)
         self.optimizer = make_adam(model.parameters(), lr, adam_eps, o.optimizer_impl, capturable=bool(o.cuda_graphs))
+        self.params = list(model.parameters())
+        self.foreach_clip = o.optimizer_impl != "forloop"
+        # fused Adam without a GradScaler: the kernel is called directly (same kernel, same state)
+        self.direct_step = (FusedAdamStep(self.optimizer) if o.optimizer_impl == "fused" and not o.cuda_graphs
+                            and not self.scaler.is_enabled() else None)
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
-            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True) if o.compile_train_step
+            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True) if o.compile_train_step and not sets_grads
             else self._loss_and_grads)
         self.graphed: CudaGraphedStep | None = None
         self.nonfinite_events = 0
@@ -101,11 +108,12 @@ class Learner:
         """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss, stats = self.loss(*batch)
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        params = list(self.model.parameters())
+        if not self.sets_grads:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        params = self.params
         if self.max_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            grad_norm = clip_grad_norm(params, self.max_grad_norm, self.foreach_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         return loss.detach(), stats, grad_norm
@@ -126,8 +134,11 @@ class Learner:
         else:
             loss, stats, grad_norm = self.loss_and_grads(*batch)
             if self._finite_ok(loss, grad_norm):
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                if self.direct_step is not None:
+                    self.direct_step()
+                else:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
         for name, value in stats.items():
             if value.ndim == 0:
                 self.stats.add(name, value)
@@ -167,6 +178,8 @@ class Learner:
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.nonfinite_events = int(state["nonfinite_events"])
+        if self.direct_step is not None:
+            self.direct_step.refresh()  # the optimiser's state tensors were replaced
         self.graphed = None  # a captured graph holds the old optimiser tensors: capture again
 
     # ----------------------------------------------------------------- between steps

@@ -53,7 +53,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
             raise EnvConfigError(f"env.preprocessing: 'atari' needs an ALE env id (e.g. 'ALE/Pong-v5'), "
                                  f"{resolved.env.id!r} is not one; accepted for it: 'none'")
         choice = resolve_vectorization(resolved.env.id, resolved.env.vectorization, action_repeat=resolved.env.action_repeat,
-                                       preprocessing=resolved.env.preprocessing)
+                                       preprocessing=resolved.env.preprocessing, num_envs=resolved.env.num_envs)
     except EnvConfigError as exc:
         raise ConfigError(str(exc)) from None
     if resolved.env.vectorization == "auto":
@@ -103,6 +103,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     if o.compile_model == "auto":
         o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
+    _resolve_analytic_grads(resolved, reasons, spaces[1], on_cpu=kind == "cpu")
     if o.compile_train_step == "auto":
         # IQN's compiled update on CUDA (torch 2.11, H100) drifted from the eager one: parameters 3e-3 apart
         # after a dozen updates where DQN's stayed 1e-8 apart, and the policy stopped learning; CPU is exact.
@@ -207,10 +208,43 @@ def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
         o.replay = _pick(reasons, "optimizations.replay", "list", "ppo keeps no replay buffer")
 
 
+def _analytic_grads_blocker(config: TrainConfig, space: gym.Space) -> str | None:
+    """Why ``analytic_grads`` cannot run with this config (None if it can)."""
+    o = config.optimizations
+    blockers = [
+        (config.algo not in ("ppo", "dqn"), f"it covers the PPO and DQN updates, not algo {config.algo!r}"),
+        (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} needs backpropagation through time"),
+        (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
+        (config.algo == "ppo" and not isinstance(space, gym.spaces.Discrete),
+         f"{config.env.id!r} has continuous actions; it covers discrete ones"),
+        (bool(o.amp), "amp: its gradients are float32"),
+        (o.compile_model is True, "compile_model compiles the module forward it bypasses"),
+        (config.algo == "dqn" and o.compile_train_step is True,
+         "compile_train_step compiles DQN's autograd update; its hand-written one has no compiled form"),
+        (bool(o.cuda_graphs), "cuda_graphs captures the autograd update"),
+        (config.distributed.enabled, "distributed training all-reduces inside autograd's backward"),
+    ]
+    return next((why for blocked, why in blockers if blocked), None)
+
+
+def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
+    o = config.optimizations
+    blocker = _analytic_grads_blocker(config, space)
+    if o.analytic_grads is True and blocker:
+        raise ConfigError(f"optimizations.analytic_grads: true cannot be used here ({blocker}); accepted here: false or auto")
+    if o.analytic_grads == "auto":
+        why = (blocker or ("per-op overhead dominates small CPU updates; hand-written gradients need no autograd graph"
+                           if on_cpu else "measured on the CPU only; autograd on accelerators"))
+        o.analytic_grads = _pick(reasons, "optimizations.analytic_grads", on_cpu and blocker is None, why)
+
+
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
     hp = getattr(config, algo)
+    if o.lean_rollout:
+        raise ConfigError(f"optimizations.lean_rollout: true has no effect for algo {algo!r} (it keeps no PPO rollout); "
+                          f"accepted for {algo}: false")
     if o.replay == "auto":
         o.replay = _pick(reasons, "optimizations.replay", "tensor",
                          "preallocated device tensors: batched inserts, no per-sample conversion")
@@ -301,6 +335,9 @@ def optimisation_summary(config: TrainConfig) -> str:
         f"uint8_transfer={onoff(o.uint8_transfer)}",
         f"num_workers={o.num_workers}",
     ]
+    if config.algo == "ppo":
+        parts.append(f"lean_rollout={onoff(o.lean_rollout)}")
+    parts.append(f"analytic_grads={onoff(o.analytic_grads)}")
     if config.algo in VALUE_BASED:
         parts.append(f"replay={o.replay}")
     return "Optimisations: " + " ".join(parts)

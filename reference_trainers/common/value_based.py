@@ -28,7 +28,7 @@ from torch import nn
 from . import distributed
 from .buffers import Sample, make_replay
 from .trainer_state import Checkpointable
-from .config import TrainConfig, ValueConfig
+from .config import ConfigError, TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, open_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .nstep import make_writer
@@ -90,7 +90,10 @@ class ValueTrainer(Checkpointable):
         self.target = copy.deepcopy(self.model).requires_grad_(False)
 
         # optimisations, each picking one path
-        self.learner = Learner(self.model, self.loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps)
+        # analytic_grads: a loss closure that sets the gradients itself (resolve allows it where one exists)
+        loss = self.analytic_loss if o.analytic_grads else self.loss
+        self.learner = Learner(self.model, loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps,
+                               sets_grads=bool(o.analytic_grads))
         self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
@@ -133,6 +136,11 @@ class ValueTrainer(Checkpointable):
     @abc.abstractmethod
     def loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss and stats; ``stats['priority']`` (per sample) feeds prioritized replay."""
+
+    def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads``: ``loss`` with every parameter's gradient set by hand (DQN defines it)."""
+        raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
+                          "accepted: false or auto")
 
     # ----------------------------------------------------------------- checkpoints
     def rng_generators(self) -> dict[str, torch.Generator]:

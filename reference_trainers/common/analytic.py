@@ -1,0 +1,58 @@
+"""``optimizations.analytic_grads``: MLP forward and backward passes written out by hand.
+
+On the CPU a small MLP update spends most of its time on per-op overhead: autograd records a
+node per op and runs each node's backward through its engine. Here the forward keeps the
+activations it needs, and ``mlp_backward`` applies the chain rule with one matmul per weight
+and per layer input, one sum per bias and one elementwise op per activation, the formulas
+torch's own backward functions use (``AddmmBackward``, ``TanhBackward``,
+``ThresholdBackward``), under ``no_grad``. The loss's gradient with respect to the network
+outputs is the algorithm's (``ppo.ppo_loss_grads``). Same maths as autograd, reassociated
+sums: the fp-reorder parity class. Guarded by tests/test_analytic.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .networks import MLP
+
+ACTIVATION_NAMES: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
+
+
+def supports(mlp: nn.Module) -> bool:
+    """True if ``mlp`` is an ``MLP`` of ``nn.Linear`` layers with tanh or ReLU between them."""
+    if not isinstance(mlp, MLP):
+        return False
+    return all(isinstance(layer, nn.Linear) or type(layer) in ACTIVATION_NAMES for layer in mlp)
+
+
+def mlp_forward(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[nn.Linear, torch.Tensor, str | None]]]:
+    """The MLP's output and, per linear layer, (layer, its input, the activation applied to its input or None)."""
+    saved: list[tuple[nn.Linear, torch.Tensor, str | None]] = []
+    activation: str | None = None
+    for layer in mlp:
+        if isinstance(layer, nn.Linear):
+            saved.append((layer, x, activation))
+            x = F.linear(x, layer.weight, layer.bias)
+            activation = None
+        else:
+            activation = ACTIVATION_NAMES[type(layer)]
+            x = torch.tanh(x) if activation == "tanh" else torch.relu(x)
+    return x, saved
+
+
+def mlp_backward(saved: list[tuple[nn.Linear, torch.Tensor, str | None]], grad_out: torch.Tensor) -> None:
+    """Set ``.grad`` of every weight and bias from the gradient of the loss with respect to the output."""
+    for index in range(len(saved) - 1, -1, -1):
+        layer, layer_input, activation = saved[index]
+        layer.weight.grad = grad_out.t().mm(layer_input)
+        layer.bias.grad = grad_out.sum(0)
+        if index == 0:
+            return
+        grad_in = grad_out.mm(layer.weight)
+        if activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
+            grad_out = torch.ops.aten.tanh_backward(grad_in, layer_input)
+        else:  # relu: pass where the output is positive
+            grad_out = torch.ops.aten.threshold_backward(grad_in, layer_input, 0)

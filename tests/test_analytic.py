@@ -1,0 +1,241 @@
+"""Tests for ``optimizations.analytic_grads`` (hand-written MLP, PPO-loss and DQN-loss gradients), the
+stacked actor-critic of ``lean_rollout`` and the direct fused Adam step.
+
+Each is compared with what it replaces (autograd, the separate MLPs, ``optimizer.step()``)
+and checked to be the path actually taken.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reference_trainers.common import analytic
+from reference_trainers.common.config import ConfigError, build_config
+from reference_trainers.common.networks import StackedMLPs, mlp
+from reference_trainers.common.resolve import resolve_config
+from reference_trainers.common.speedups import FusedAdamStep
+from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, evaluate_actions, ppo_loss, ppo_loss_grads
+
+FP_REORDER = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def autograd_reference(logits: torch.Tensor, values: torch.Tensor, batch: tuple[torch.Tensor, ...],
+                       cfg: PPOLossCoefs) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    logits = logits.clone().requires_grad_(True)
+    values = values.clone().requires_grad_(True)
+    actions, old_logprob, advantages, returns, old_value, mask = batch
+    new_logprob, entropy = evaluate_actions(logits, None, actions)
+    loss, stats = ppo_loss(new_logprob, entropy, values, old_logprob, advantages, returns, old_value, mask, cfg)
+    loss.backward()
+    return loss.detach(), stats, logits.grad, values.grad
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 40), actions=st.integers(2, 6), seed=st.integers(0, 2**16), norm_adv=st.booleans(),
+       clip_vloss=st.booleans(), near_old=st.booleans(), masked=st.floats(0.0, 0.6))
+def test_ppo_loss_grads_match_autograd(rows: int, actions: int, seed: int, norm_adv: bool, clip_vloss: bool,
+                                       near_old: bool, masked: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    logits, values = randn(rows, actions), randn(rows)
+    taken = torch.randint(actions, (rows,), generator=gen)
+    old_logprob = torch.log_softmax(logits, -1).gather(-1, taken[:, None]).squeeze(-1)
+    if not near_old:  # ratios away from 1, so both clipping branches are exercised
+        old_logprob = old_logprob + 0.5 * randn(rows)
+    old_value = values if near_old else values + 0.5 * randn(rows)  # near_old: ties in both max() calls
+    mask = (torch.rand(rows, generator=gen) >= masked).float()
+    batch = (taken.float(), old_logprob, randn(rows), randn(rows), old_value, mask)
+    cfg = PPOLossCoefs(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=0.01, vf_coef=0.5, norm_adv=norm_adv)
+    loss, stats, grad_logits, grad_values = ppo_loss_grads(logits, values, *batch, cfg)
+    ref_loss, ref_stats, ref_logits, ref_values = autograd_reference(logits, values, batch, cfg)
+    torch.testing.assert_close(loss, ref_loss, **FP_REORDER)
+    torch.testing.assert_close(grad_logits, ref_logits, **FP_REORDER)
+    torch.testing.assert_close(grad_values, ref_values, **FP_REORDER)
+    assert stats.keys() == ref_stats.keys()
+    for name in stats:
+        torch.testing.assert_close(stats[name], ref_stats[name], **FP_REORDER)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_mlp_backward_matches_autograd(activation: str) -> None:
+    torch.manual_seed(0)
+    net = mlp(5, [16, 12], 3, activation, out_std=1.0)
+    x, grad_out = torch.randn(9, 5), torch.randn(9, 3)
+    net(x).backward(grad_out)
+    expected = {name: p.grad.clone() for name, p in net.named_parameters()}
+    net.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        out, saved = analytic.mlp_forward(net, x)
+        analytic.mlp_backward(saved, grad_out)
+    torch.testing.assert_close(out, net(x).detach(), rtol=0, atol=0)
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], **FP_REORDER)
+
+
+def trainer(*overrides: str) -> PPOTrainer:
+    return PPOTrainer(build_config({}, TINY + list(overrides)))
+
+
+def trained(*overrides: str, iterations: int = 3) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    t = trainer(*overrides)
+    try:
+        for _ in range(iterations):
+            t.iterate()
+        return {k: p.detach().clone() for k, p in t.model.named_parameters()}, dict(t.last_stats)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("extra", [[], ["ppo.norm_adv=false", "ppo.clip_vloss=false"], ["env.id=Acrobot-v1"],
+                                   ["model.activation=relu"], ["stability.max_grad_norm=null"]])
+def test_analytic_grads_train_like_autograd(extra: list[str]) -> None:
+    plain, plain_stats = trained(*extra)
+    fast, fast_stats = trained("optimizations.analytic_grads=true", *extra)
+    for name in plain:
+        torch.testing.assert_close(fast[name], plain[name], **FP_REORDER, msg=lambda m, n=name: f"{n}: {m}")
+    for name in plain_stats:
+        assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
+
+
+def test_analytic_grads_run_no_autograd_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    backwards: list[int] = []
+    real = torch.Tensor.backward
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: backwards.append(1) or real(self, *a, **k))
+    for flag, expect_backward in (("false", True), ("true", False)):
+        backwards.clear()
+        t = trainer(f"optimizations.analytic_grads={flag}")
+        try:
+            result = t.iterate()
+            assert result.updates > 0
+            assert bool(backwards) is expect_backward
+            assert all(p.grad is not None for p in t.model.parameters())
+        finally:
+            t.close()
+
+
+@pytest.mark.parametrize("extra", [[], ["dqn.double_q=true"], ["dqn.prioritized_replay=true"], ["dqn.n_step=3"],
+                                   ["model.activation=tanh"]])
+def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch, extra: list[str]) -> None:
+    from value_trainers import make
+    results = []
+    for flag in ("false", "true"):
+        backwards: list[int] = []
+        real = torch.Tensor.backward
+        monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: backwards.append(1) or real(self, *a, **k))
+        t = make("dqn", f"optimizations.analytic_grads={flag}", *extra)
+        try:
+            for _ in range(4):
+                t.iterate()
+            assert t.updates > 0 and bool(backwards) is (flag == "false")
+            results.append(({k: p.detach().clone() for k, p in t.model.named_parameters()}, dict(t.last_stats)))
+        finally:
+            t.close()
+            monkeypatch.undo()
+    (plain, plain_stats), (fast, fast_stats) = results
+    for name in plain:
+        torch.testing.assert_close(fast[name], plain[name], **FP_REORDER, msg=lambda m, n=name: f"{n}: {m}")
+    for name in plain_stats:
+        assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["env.id=Pendulum-v1"], "continuous actions"),
+    (["optimizations.amp=true", "optimizations.amp_dtype=bfloat16"], "amp"),
+    (["optimizations.compile_model=true"], "compile_model compiles the module forward"),
+    (["algo=dqn", "optimizations.compile_train_step=true"], "compile_train_step compiles DQN's autograd update"),
+    (["model.recurrent=lstm"], "model.recurrent 'lstm'"),
+    (["algo=iqn"], "not algo 'iqn'"),
+])
+def test_analytic_grads_true_is_rejected_where_it_cannot_run(overrides: list[str], message: str) -> None:
+    config = build_config({}, TINY + overrides + ["optimizations.analytic_grads=true"])
+    with pytest.raises(ConfigError, match="optimizations.analytic_grads: true cannot be used here") as info:
+        resolve_config(config)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], True), (["env.id=Pendulum-v1"], False), (["model.recurrent=gru"], False), (["algo=dqn"], True),
+    (["algo=iqn"], False),
+])
+def test_analytic_grads_auto_resolves_where_it_applies(overrides: list[str], expected: bool) -> None:
+    resolution = resolve_config(build_config({}, TINY + overrides + ["optimizations.analytic_grads=auto"]))
+    assert resolution.config.optimizations.analytic_grads is expected
+    assert "optimizations.analytic_grads" in resolution.reasons
+
+
+@pytest.mark.slow  # one inductor compile: seconds with a warm cache, ~30 s cold on 2 cores
+def test_compile_train_step_compiles_the_loss_gradient_function_under_analytic_grads() -> None:
+    from reference_trainers.common.speedups import CompiledOrEager
+    resolution = resolve_config(build_config({}, TINY + ["optimizations.analytic_grads=auto",
+                                                         "optimizations.compile_train_step=true"]))
+    o = resolution.config.optimizations
+    assert o.analytic_grads is True and o.compile_train_step is True
+    t = PPOTrainer(resolution.config, resolution=resolution)
+    try:
+        assert isinstance(t.loss_grads, CompiledOrEager)
+        assert not isinstance(t.learner.loss_and_grads, CompiledOrEager)  # no autograd step to compile
+        t.iterate()
+        assert not t.compile_fallback, t.loss_grads.reason
+    finally:
+        t.close()
+    eager = trainer("optimizations.analytic_grads=true", "optimizations.compile_train_step=false")
+    try:
+        assert not isinstance(eager.loss_grads, CompiledOrEager)
+    finally:
+        eager.close()
+
+
+# --------------------------------------------------------------------------- stacked actor-critic
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_stacked_mlps_match_the_separate_networks(activation: str) -> None:
+    torch.manual_seed(1)
+    actor, critic = mlp(4, [32, 32], 3, activation, 0.01), mlp(4, [32, 32], 1, activation, 1.0)
+    x = torch.randn(7, 4)
+    stacked_actor, stacked_critic = StackedMLPs(actor, critic)(x)
+    torch.testing.assert_close(stacked_actor, actor(x).detach(), **FP_REORDER)
+    torch.testing.assert_close(stacked_critic, critic(x).detach(), **FP_REORDER)
+
+
+def test_lean_rollout_acts_through_the_stacked_network_and_drops_it_for_the_update(monkeypatch: pytest.MonkeyPatch
+                                                                                   ) -> None:
+    calls: list[int] = []
+    real = StackedMLPs.__call__
+    monkeypatch.setattr(StackedMLPs, "__call__", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    t = trainer("optimizations.lean_rollout=true", "optimizations.batch_inference=true")
+    try:
+        t.iterate()
+        assert calls.count(t.num_envs) == t.config.ppo.num_steps + 1  # every rollout step and the bootstrap value
+        assert t.stacked is None  # stale once the update has changed the weights
+    finally:
+        t.close()
+
+
+# --------------------------------------------------------------------------- direct fused Adam step
+
+def test_fused_adam_step_matches_the_optimizer() -> None:
+    torch.manual_seed(2)
+    nets = [mlp(4, [8], 2, "tanh", 1.0) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers = [torch.optim.Adam(n.parameters(), lr=1e-2, eps=1e-5, fused=True) for n in nets]
+    direct = FusedAdamStep(optimizers[1])
+    for step in range(6):
+        x = torch.randn(5, 4)
+        for net in nets:
+            net.zero_grad(set_to_none=True)
+            net(x).square().sum().backward()
+        for opt in optimizers:
+            opt.param_groups[0]["lr"] = 1e-2 / (step + 1)  # annealed between steps, as PPO does
+        optimizers[0].step()
+        direct()
+        for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+            assert torch.equal(a, b)
+    assert direct._state is not None  # the direct path was taken after the first step
+    state = optimizers[0].state_dict()
+    optimizers[1].load_state_dict(state)
+    direct.refresh()
+    assert direct._state is None
