@@ -10,9 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY
+from value_trainers import assert_params_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.parity import TOLERANCES
 from reference_trainers.common import analytic
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
@@ -20,7 +23,7 @@ from reference_trainers.common.resolve import resolve_config
 from reference_trainers.common.speedups import FusedAdamStep
 from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, evaluate_actions, ppo_loss, ppo_loss_grads
 
-FP_REORDER = {"rtol": 1e-5, "atol": 1e-6}
+FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 
 
 def autograd_reference(logits: torch.Tensor, values: torch.Tensor, batch: tuple[torch.Tensor, ...],
@@ -95,8 +98,7 @@ def trained(*overrides: str, iterations: int = 3) -> tuple[dict[str, torch.Tenso
 def test_analytic_grads_train_like_autograd(extra: list[str]) -> None:
     plain, plain_stats = trained(*extra)
     fast, fast_stats = trained("optimizations.analytic_grads=true", *extra)
-    for name in plain:
-        torch.testing.assert_close(fast[name], plain[name], **FP_REORDER, msg=lambda m, n=name: f"{n}: {m}")
+    assert_params_close(fast, plain, **FP_REORDER)
     for name in plain_stats:
         assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
 
@@ -136,8 +138,7 @@ def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch,
             t.close()
             monkeypatch.undo()
     (plain, plain_stats), (fast, fast_stats) = results
-    for name in plain:
-        torch.testing.assert_close(fast[name], plain[name], **FP_REORDER, msg=lambda m, n=name: f"{n}: {m}")
+    assert_params_close(fast, plain, **FP_REORDER)
     for name in plain_stats:
         assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
 

@@ -12,15 +12,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from value_trainers import assert_params_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.resolve import resolve_config
 from reference_trainers.common.speedups import clip_grad_norm
 from reference_trainers.ppo import PPOTrainer, action_noise, compute_gae, compute_gae_fused, sample_action
 
-FP_REORDER = {"rtol": 1e-5, "atol": 1e-6}
+FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 
 
 def ppo_trainer(*overrides: str) -> PPOTrainer:
@@ -153,8 +156,7 @@ def test_lean_rollout_takes_the_lean_paths(monkeypatch: pytest.MonkeyPatch) -> N
 def test_lean_rollout_keeps_fp_reorder_parity(extra: list[str]) -> None:
     plain, plain_stats = params_after(*extra)
     lean, lean_stats = params_after("optimizations.lean_rollout=true", *extra)
-    for name in plain:
-        torch.testing.assert_close(lean[name], plain[name], **FP_REORDER, msg=lambda m, n=name: f"{n}: {m}")
+    assert_params_close(lean, plain, **FP_REORDER)
     for name in plain_stats:
         assert lean_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
 
