@@ -52,6 +52,7 @@ FLAG_CLASSES: dict[str, str] = {
     "optimizations.cuda_graphs": FP_REORDER,
     "optimizations.lean_rollout": FP_REORDER,
     "optimizations.analytic_grads": FP_REORDER,
+    "optimizations.numpy_acting": FP_REORDER,
     "optimizations.compile_model": FP_REORDER,
     "optimizations.compile_train_step": FP_REORDER,
     "optimizations.torch_threads": FP_REORDER,

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import analytic, distributed
+from .common import numpy_acting as host
 from .common.config import ConfigError, TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, open_vector_env
 from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
@@ -276,9 +277,14 @@ class PPOTrainer(Checkpointable):
         loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
         self.loss_grads = (CompiledOrEager(loss_grads, "loss_grads") if self.analytic and o.compile_train_step
                            else loss_grads)
-        self.act = self._act_batched if o.batch_inference else self._act_per_env
+        self.numpy_acting = bool(o.numpy_acting)
+        self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
+                    else self._act_per_env)
         self.lean = bool(o.lean_rollout)
         self.stacked: StackedMLPs | None = None  # lean_rollout: the rollout's stacked actor-critic
+        self.host_policy: host.NumpyMLP | None = None  # numpy_acting: the stacked network's NumPy forward
+        self.host_split = 0
+        self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
         self.gae = compute_gae_fused if self.lean else compute_gae
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
@@ -324,6 +330,8 @@ class PPOTrainer(Checkpointable):
         self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
         # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
         self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
+        # numpy_acting: the rollout's observations staged on the host, copied once per rollout
+        self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if self.numpy_acting else None
 
     # ----------------------------------------------------------------- acting
     def _action_noise(self) -> torch.Tensor:
@@ -388,6 +396,28 @@ class PPOTrainer(Checkpointable):
             host_actions = action.cpu().numpy()
         return obs_t, action, logprob, value, host_actions
 
+    def _numpy_policy(self) -> host.NumpyMLP:
+        """``numpy_acting``: the actor and critic as one stacked NumPy forward, snapshot per rollout."""
+        if self.host_policy is None:
+            stacked = StackedMLPs(self.model.actor, self.model.critic)
+            self.host_policy, self.host_split = host.NumpyMLP(stacked.layers), stacked.split
+        return self.host_policy
+
+    def _act_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``numpy_acting``: the actor-critic forward and the sampling in NumPy, from the same torch
+        noise, for all sub-envs at once or per sub-env / chunk as ``batch_inference`` says; every
+        output stays on the host."""
+        with self.probe.phase("inference"):
+            noise = self._action_noise().numpy()
+            obs = obs.reshape(self.num_envs, *self.obs_shape)
+            out = host.in_chunks(self._numpy_policy(), obs, self.inference_chunk)
+            actor_out, value = out[:, :self.host_split], out[:, self.host_split]
+            if self.discrete:
+                action, logprob = host.sample_categorical(actor_out, noise)
+            else:
+                action, logprob = host.sample_gaussian(actor_out, host.host_view(self.model.log_std), noise)
+        return obs, action, logprob, value, action
+
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One action selection for a batch of ``num_envs`` observations (host in, env-ready actions out)."""
         return self._env_actions(self.act(obs)[4])
@@ -409,10 +439,10 @@ class PPOTrainer(Checkpointable):
             with probe.phase("transfer"):
                 self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
             obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
-            self.obs_buf[t] = obs_t
-            self.actions_buf[t] = action
-            self.logprobs_buf[t] = logprob
-            self.values_buf[t] = value
+            self.obs_buf[t] = torch.as_tensor(obs_t)  # numpy_acting hands back host arrays
+            self.actions_buf[t] = torch.as_tensor(action)
+            self.logprobs_buf[t] = torch.as_tensor(logprob)
+            self.values_buf[t] = torch.as_tensor(value)
             with probe.phase("env"):
                 self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
             with probe.phase("transfer"):
@@ -433,10 +463,14 @@ class PPOTrainer(Checkpointable):
         host = self.host_scalars
         self._stack_networks()
         actions, logprobs, values = [], [], []
+        host_obs = self.host_obs
         for t in range(steps):
             host[0, t] = ~self.episode_over
             obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
-            self.obs_buf[t] = obs_t
+            if self.numpy_acting:  # a copy: a vector env may hand back the same array each step
+                host_obs[t] = obs_t
+            else:
+                self.obs_buf[t] = obs_t
             actions.append(action)
             logprobs.append(logprob)
             values.append(value)
@@ -451,9 +485,14 @@ class PPOTrainer(Checkpointable):
             scalars = self.to_device(host, "rollout_scalars")
             for store, rows in zip((self.valid_buf, self.rewards_buf, self.terminated_buf, self.truncated_buf), scalars):
                 store.copy_(rows)
-            torch.stack(actions, out=self.actions_buf)
-            torch.stack(logprobs, out=self.logprobs_buf)
-            torch.stack(values, out=self.values_buf)
+            if self.numpy_acting:  # the whole rollout's host arrays, one copy each
+                self.obs_buf.copy_(torch.from_numpy(host_obs))
+                for store, rows in ((self.actions_buf, actions), (self.logprobs_buf, logprobs), (self.values_buf, values)):
+                    store.copy_(torch.from_numpy(np.stack(rows)))
+            else:
+                torch.stack(actions, out=self.actions_buf)
+                torch.stack(logprobs, out=self.logprobs_buf)
+                torch.stack(values, out=self.values_buf)
         return frames, steps * self.num_envs
 
     # ----------------------------------------------------------------- update
@@ -494,7 +533,7 @@ class PPOTrainer(Checkpointable):
             next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
             with torch.no_grad(), self.learner.autocast():
                 next_value = self._actor_critic(next_obs)[1].float()
-        self.stacked = None  # the update changes the weights
+        self.stacked = self.host_policy = None  # the update changes the weights
         with self.probe.phase("update"):
             self._set_learning_rate()
             advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,

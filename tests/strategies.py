@@ -63,13 +63,16 @@ def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cp
             maybe("optimizations.torch_threads", st.sampled_from([None, 1]))
         if algo == "ppo" and draw(st.booleans()):
             combo["optimizations.lean_rollout"] = True
+        # NumPy acting: CPU MLP policies in float32 (no autocast, no reduced-precision matmuls below)
+        if device == "cpu" and algo in ("ppo", "dqn") and not pixels and not compile_flags and draw(st.booleans()):
+            combo["optimizations.numpy_acting"] = True
         if compile_flags:
             which = draw(st.sampled_from(["compile_model", "compile_train_step", "both"]))
             if which in ("compile_model", "both"):
                 combo["optimizations.compile_model"] = True
             if which in ("compile_train_step", "both") and not combo.get("optimizations.cuda_graphs"):
                 combo["optimizations.compile_train_step"] = True
-    if REDUCED_PRECISION in classes:
+    if REDUCED_PRECISION in classes and not combo.get("optimizations.numpy_acting"):
         dtypes = ["bfloat16"] if dev.supports_bf16(torch.device(device)) else []
         if not combo.get("optimizations.cuda_graphs"):
             dtypes.append("float16")

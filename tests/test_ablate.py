@@ -20,6 +20,7 @@ from results_factory import make_result
 
 CPU = ["device=cpu"]
 CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "sync_free_logging", "torch_threads", "lean_rollout",
+             "numpy_acting",
              "analytic_grads"}
 
 

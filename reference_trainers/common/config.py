@@ -233,6 +233,12 @@ class OptimizationsConfig(_Section):
     the forward and runs its backward. On: the gradients of the loss and of every layer are computed by
     hand under no_grad (no graph, a few fused ops per layer); ``auto`` = on for the CPU where
     the model allows it and no AMP, compile or CUDA graphs is asked for."""
+    numpy_acting: Union[bool, Auto] = False
+    """PPO and DQN, MLP bodies on the CPU. Plain: the acting forward and the action choice are
+    torch ops. On: they run in NumPy over zero-copy views of the weights (torch's random draws
+    unchanged; per sub-env or batched as ``batch_inference`` says); with lean_rollout PPO stages
+    the rollout on the host and copies it once; ``auto`` = on for the CPU where the model and
+    the flags allow it."""
     replay: Literal["list", "tensor", "auto"] = "list"
     """DQN/IQN replay storage. list: a Python list of numpy transitions, converted per sampled
     minibatch (plain); tensor: preallocated device tensors, batched insert, device-side gather."""

@@ -104,6 +104,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
     if o.compile_model == "auto":
         o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
     _resolve_analytic_grads(resolved, reasons, spaces[1], on_cpu=kind == "cpu")
+    _resolve_numpy_acting(resolved, reasons, kind)
     if o.compile_train_step == "auto":
         # IQN's compiled update on CUDA (torch 2.11, H100) drifted from the eager one: parameters 3e-3 apart
         # after a dozen updates where DQN's stayed 1e-8 apart, and the policy stopped learning; CPU is exact.
@@ -238,6 +239,32 @@ def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space:
         o.analytic_grads = _pick(reasons, "optimizations.analytic_grads", on_cpu and blocker is None, why)
 
 
+def _numpy_acting_blocker(config: TrainConfig, kind: str) -> str | None:
+    """Why ``numpy_acting`` cannot run with this config (None if it can)."""
+    o = config.optimizations
+    blockers = [
+        (kind != "cpu", f"NumPy runs on the host and the model is on {kind}"),
+        (config.algo not in ("ppo", "dqn"), f"it covers PPO's and DQN's MLP policies, not algo {config.algo!r}"),
+        (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} carries a hidden state"),
+        (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
+        (bool(o.amp), "amp: NumPy computes in float32"),
+        (o.matmul_precision not in ("highest", "auto"), f"matmul_precision {o.matmul_precision!r}: NumPy multiplies "
+                                                        "in float32"),
+        (bool(o.compile_model), "compile_model compiles the module forward it bypasses"),
+    ]
+    return next((why for blocked, why in blockers if blocked), None)
+
+
+def _resolve_numpy_acting(config: TrainConfig, reasons: dict[str, str], kind: str) -> None:
+    o = config.optimizations
+    blocker = _numpy_acting_blocker(config, kind)
+    if o.numpy_acting is True and blocker:
+        raise ConfigError(f"optimizations.numpy_acting: true cannot be used here ({blocker}); accepted here: false or auto")
+    if o.numpy_acting == "auto":
+        why = blocker or "torch's per-op dispatch dominates a forward of a few rows; NumPy calls cost less"
+        o.numpy_acting = _pick(reasons, "optimizations.numpy_acting", blocker is None, why)
+
+
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
     algo, o = config.algo, config.optimizations
@@ -338,6 +365,7 @@ def optimisation_summary(config: TrainConfig) -> str:
     if config.algo == "ppo":
         parts.append(f"lean_rollout={onoff(o.lean_rollout)}")
     parts.append(f"analytic_grads={onoff(o.analytic_grads)}")
+    parts.append(f"numpy_acting={onoff(o.numpy_acting)}")
     if config.algo in VALUE_BASED:
         parts.append(f"replay={o.replay}")
     return "Optimisations: " + " ".join(parts)

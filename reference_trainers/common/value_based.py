@@ -26,12 +26,14 @@ import torch
 from torch import nn
 
 from . import distributed
+from .analytic import supports as is_plain_mlp
 from .buffers import Sample, make_replay
 from .trainer_state import Checkpointable
 from .config import ConfigError, TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, open_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .nstep import make_writer
+from .numpy_acting import NumpyMLP, chunk_rows, in_chunks
 from .prefetch import Prefetcher
 from .probe import NullProbe, Probe
 from .resolve import Resolution, resolve_config
@@ -105,7 +107,10 @@ class ValueTrainer(Checkpointable):
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
-        self.act = self._act_batched if o.batch_inference else self._act_per_env
+        self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
+        if o.numpy_acting:
+            self.host_q = self._host_q_network()
+        self.act = self._act_numpy if o.numpy_acting else self._act_batched if o.batch_inference else self._act_per_env
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
@@ -153,6 +158,8 @@ class ValueTrainer(Checkpointable):
                 "writer": self.writer.state_dict(), "replay_ready": self.replay_ready}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
+        if self.host_q is not None:  # the weights were loaded in place; view them again all the same
+            self.host_q = self._host_q_network()
         self.target.load_state_dict(state["target"])
         self.replay.load_state_dict(state["replay"])
         self.writer.load_state_dict(state["writer"])
@@ -210,6 +217,26 @@ class ValueTrainer(Checkpointable):
                 greedy = torch.cat([self._greedy(obs_t[s:s + chunk], noise.rows(s, s + chunk).fractions)
                                     for s in range(0, self.num_envs, chunk)])
             return self._explore(greedy, self.epsilon(), noise).cpu().numpy()
+
+    def _host_q_network(self) -> NumpyMLP:
+        """``numpy_acting``: the Q-network's MLP as a NumPy forward over zero-copy views of its weights."""
+        net = getattr(self.model, "net", None)
+        if net is None or not is_plain_mlp(net):
+            raise ConfigError(f"optimizations.numpy_acting: true needs an MLP Q-network; {self.algo}'s is "
+                              f"{type(self.model).__name__}; accepted here: false or auto")
+        return NumpyMLP.of(net)
+
+    def _act_numpy(self, obs: np.ndarray) -> np.ndarray:
+        """``numpy_acting``: the greedy forward (all sub-envs at once or per sub-env / chunk, as
+        ``batch_inference`` says) and the epsilon-greedy choice in NumPy, from the same torch
+        draws as the other paths."""
+        with self.probe.phase("inference"):
+            noise = self._acting_noise()
+            rows = chunk_rows(self.config.optimizations.batch_inference, self.config.optimizations.inference_batch_size,
+                              self.num_envs)
+            greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), rows).argmax(-1)
+            explore = noise.uniform.numpy() < self.epsilon()
+            return np.where(explore, noise.random_action.numpy(), greedy)
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One epsilon-greedy action selection for ``num_envs`` observations (host in, host out)."""

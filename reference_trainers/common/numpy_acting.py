@@ -1,0 +1,98 @@
+"""``optimizations.numpy_acting``: the acting forward of an MLP policy in NumPy, on the CPU.
+
+At acting batch sizes (one to a few dozen rows) a torch op spends microseconds in dispatch
+for nanoseconds of arithmetic, and a rollout step runs a dozen of them; a NumPy call costs
+a fraction of that. ``NumpyMLP`` multiplies by zero-copy NumPy views of CPU float32 weights,
+so an in-place optimiser step shows through without a copy. The random draws stay torch's
+(the same generator calls as the torch path), so both paths see the same noise. Same maths
+with another BLAS and other elementwise kernels: the fp-reorder parity class. Guarded by
+tests/test_numpy_acting.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .analytic import ACTIVATION_NAMES
+from .networks import MLP
+
+LOG_2PI = math.log(2 * math.pi)
+Layer = tuple[np.ndarray, np.ndarray] | str
+"""A linear layer as (weight transposed, bias), or an activation name ("tanh", "relu")."""
+
+
+def host_view(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy array sharing ``tensor``'s memory (a CPU float32 tensor; no copy)."""
+    if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
+        raise ValueError(f"numpy_acting needs CPU float32 weights, got {tensor.dtype} on {tensor.device}")
+    return tensor.detach().numpy()
+
+
+class NumpyMLP:
+    """A forward pass over (weight, bias) pairs and activations, in float32 NumPy."""
+
+    def __init__(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor] | nn.Module]) -> None:
+        if not layers or not isinstance(layers[0], (nn.Linear, tuple)):
+            raise ValueError("NumpyMLP needs a linear first layer (its activations work in place)")
+        self.layers: list[Layer] = []
+        for layer in layers:
+            if isinstance(layer, nn.Linear):
+                layer = (layer.weight, layer.bias)
+            if isinstance(layer, tuple):
+                weight, bias = layer
+                self.layers.append((host_view(weight).T, host_view(bias)))
+            else:
+                self.layers.append(ACTIVATION_NAMES[type(layer)])
+
+    @classmethod
+    def of(cls, mlp: MLP) -> NumpyMLP:
+        """The NumPy forward of ``mlp``'s live parameters."""
+        return cls(list(mlp))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """The output for a (rows, inputs) array (left unchanged; cast to float32 if it is not)."""
+        x = np.asarray(x, dtype=np.float32)
+        for layer in self.layers:
+            if layer == "tanh":
+                np.tanh(x, out=x)
+            elif layer == "relu":
+                np.maximum(x, 0.0, out=x)
+            else:
+                weight_t, bias = layer
+                x = x @ weight_t  # a fresh array: the activations after it work in place
+                x += bias
+        return x
+
+
+def chunk_rows(batch_inference: bool, inference_batch_size: int | None, num_envs: int) -> int:
+    """Rows per forward: one (per sub-env, the plain path), ``inference_batch_size``, or all."""
+    return (inference_batch_size or num_envs) if batch_inference else 1
+
+
+def in_chunks(forward: NumpyMLP, x: np.ndarray, rows: int) -> np.ndarray:
+    """``forward`` over ``x`` in slices of ``rows`` rows (one call when they all fit)."""
+    if rows >= x.shape[0]:
+        return forward(x)
+    return np.concatenate([forward(x[start:start + rows]) for start in range(0, x.shape[0], rows)])
+
+
+def sample_categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ppo.sample_action`` for logits in NumPy: the first action whose cumulative probability
+    reaches ``uniform`` (one per row), and its log-probability (float32)."""
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    below = np.exp(log_probs).cumsum(-1) < uniform[:, None]
+    action = np.minimum(below.sum(-1), logits.shape[-1] - 1)
+    return action, np.take_along_axis(log_probs, action[:, None], -1)[:, 0]
+
+
+def sample_gaussian(mean: np.ndarray, log_std: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ppo.sample_action`` for a diagonal Gaussian in NumPy: ``mean + std * noise`` and its log-density."""
+    action = mean + np.exp(log_std) * noise
+    log_prob = (-0.5 * np.square(noise) - log_std - np.float32(0.5 * LOG_2PI)).sum(-1, dtype=np.float32)
+    return action, log_prob

@@ -1,0 +1,271 @@
+"""Tests for ``optimizations.numpy_acting``: the NumPy forward and sampling, that PPO and DQN take
+the NumPy path when asked, that it keeps fp-reorder parity with the torch path, and the
+configurations it refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from value_trainers import assert_params_close, make, train
+
+from harness.cli import main
+from harness.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.parity import TOLERANCES
+from reference_trainers.common.config import ConfigError, build_config
+from reference_trainers.common.networks import StackedMLPs, mlp
+from reference_trainers.common.numpy_acting import NumpyMLP, sample_categorical, sample_gaussian
+from reference_trainers.common.resolve import resolve_config
+from reference_trainers.ppo import PPOTrainer, action_noise, sample_action
+
+FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
+ON = ["optimizations.batch_inference=true", "optimizations.numpy_acting=true"]
+PPO_ON = ON + ["optimizations.lean_rollout=true"]
+PPO_OFF = ["optimizations.batch_inference=true", "optimizations.lean_rollout=true", "optimizations.numpy_acting=false"]
+
+
+# --------------------------------------------------------------------------- the NumPy pieces
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_numpy_mlp_matches_the_torch_forward(activation: str) -> None:
+    torch.manual_seed(0)
+    net = mlp(5, [32, 16], 3, activation, out_std=1.0)
+    x = torch.randn(7, 5)
+    expected = net(x).detach().numpy()
+    host_input = x.numpy().copy()
+    got = NumpyMLP.of(net)(host_input)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, **FP_REORDER)
+    np.testing.assert_array_equal(host_input, x.numpy())  # the input is left as it was
+
+
+def test_numpy_mlp_sees_in_place_weight_changes_without_a_copy() -> None:
+    torch.manual_seed(1)
+    net = mlp(4, [8], 2, "tanh", out_std=1.0)
+    host = NumpyMLP.of(net)
+    x = np.ones((1, 4), dtype=np.float32)
+    before = host(x).copy()
+    with torch.no_grad():
+        net[-1].bias.add_(1.0)  # as an in-place optimiser step does
+    np.testing.assert_allclose(host(x), before + 1.0, rtol=1e-6)
+
+
+def test_numpy_mlp_casts_wider_observations_to_float32() -> None:
+    net = mlp(3, [4], 2, "relu", out_std=1.0)
+    assert NumpyMLP.of(net)(np.zeros((2, 3), dtype=np.float64)).dtype == np.float32
+
+
+def test_numpy_mlp_refuses_weights_it_cannot_view() -> None:
+    net = mlp(3, [4], 2, "relu", out_std=1.0).double()
+    with pytest.raises(ValueError, match="CPU float32"):
+        NumpyMLP.of(net)
+
+
+def test_numpy_stacked_actor_critic_matches_the_torch_one() -> None:
+    torch.manual_seed(2)
+    actor, critic = mlp(4, [16, 16], 2, "tanh", 0.01), mlp(4, [16, 16], 1, "tanh", 1.0)
+    stacked = StackedMLPs(actor, critic)
+    x = torch.randn(6, 4)
+    logits, value = stacked(x)
+    out = NumpyMLP(stacked.layers)(x.numpy())
+    np.testing.assert_allclose(out[:, :stacked.split], logits.numpy(), **FP_REORDER)
+    np.testing.assert_allclose(out[:, stacked.split:], value.numpy(), **FP_REORDER)
+
+
+@settings(max_examples=25, deadline=None)
+@given(actions=st.integers(2, 9), rows=st.integers(1, 16), seed=st.integers(0, 2**16))
+def test_numpy_categorical_sampling_matches_the_torch_sampling(actions: int, rows: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(rows, actions, generator=generator)
+    noise = action_noise(rows, True, (), generator, torch.device("cpu"))
+    action, logprob = sample_action(logits, None, noise)
+    host_action, host_logprob = sample_categorical(logits.numpy(), noise.numpy())
+    cumulative = torch.softmax(logits, -1).cumsum(-1)
+    clear = ((cumulative - noise.unsqueeze(-1)).abs() > 1e-5).all(-1)  # rows not on a rounding boundary
+    assert clear.any()
+    np.testing.assert_array_equal(host_action[clear.numpy()], action[clear].numpy())
+    assert host_logprob.dtype == np.float32
+    np.testing.assert_allclose(host_logprob[clear.numpy()], logprob[clear].numpy(), **FP_REORDER)
+
+
+def test_numpy_gaussian_sampling_matches_the_torch_sampling() -> None:
+    generator = torch.Generator().manual_seed(3)
+    mean, log_std = torch.randn(5, 2, generator=generator), torch.tensor([-0.5, 0.3])
+    noise = action_noise(5, False, (2,), generator, torch.device("cpu"))
+    action, logprob = sample_action(mean, log_std, noise)
+    host_action, host_logprob = sample_gaussian(mean.numpy(), log_std.numpy(), noise.numpy())
+    np.testing.assert_allclose(host_action, action.numpy(), **FP_REORDER)
+    assert host_logprob.dtype == np.float32
+    np.testing.assert_allclose(host_logprob, logprob.numpy(), **FP_REORDER)
+
+
+# --------------------------------------------------------------------------- PPO
+
+def ppo(*overrides: str) -> PPOTrainer:
+    return PPOTrainer(build_config({}, TINY + list(overrides)))
+
+
+def ppo_params_after(*overrides: str, iterations: int = 2) -> tuple[dict[str, torch.Tensor], PPOTrainer]:
+    trainer = ppo(*overrides)
+    try:
+        for _ in range(iterations):
+            trainer.iterate()
+        return {k: p.detach().clone() for k, p in trainer.model.named_parameters()}, trainer
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_ppo_numpy_acting_acts_without_torch_forwards(monkeypatch: pytest.MonkeyPatch, env: str) -> None:
+    """With the flag, a rollout calls neither the stacked torch network nor the model."""
+    trainer = ppo(f"env.id={env}", *PPO_ON)
+    try:
+        def no_torch(*args: object) -> None:
+            raise AssertionError("a torch forward ran during a NumPy rollout")
+        monkeypatch.setattr(StackedMLPs, "__call__", no_torch)
+        monkeypatch.setattr(trainer.model, "forward", no_torch)
+        trainer.collect()
+        assert trainer.host_obs.any() and trainer.obs_buf.any()
+        np.testing.assert_array_equal(trainer.obs_buf.numpy(), trainer.host_obs)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_ppo_numpy_acting_fills_the_storage_of_the_torch_path(env: str) -> None:
+    torch_path, numpy_path = ppo(f"env.id={env}", *PPO_OFF), ppo(f"env.id={env}", *PPO_ON)
+    try:
+        torch_path.collect()
+        numpy_path.collect()
+        for name in ("obs_buf", "actions_buf", "rewards_buf", "terminated_buf", "truncated_buf", "valid_buf"):
+            torch.testing.assert_close(getattr(numpy_path, name), getattr(torch_path, name), **FP_REORDER)
+        for name in ("logprobs_buf", "values_buf"):
+            torch.testing.assert_close(getattr(numpy_path, name), getattr(torch_path, name), **FP_REORDER)
+        assert numpy_path.actions_buf.dtype == torch_path.actions_buf.dtype
+    finally:
+        torch_path.close()
+        numpy_path.close()
+
+
+@pytest.mark.parametrize("paths", [[], ["optimizations.batch_inference=true"], ["optimizations.lean_rollout=true"],
+                                   ["optimizations.batch_inference=true", "optimizations.inference_batch_size=1"],
+                                   ["optimizations.batch_inference=true", "optimizations.lean_rollout=true"]])
+def test_ppo_numpy_acting_keeps_fp_reorder_parity(paths: list[str]) -> None:
+    plain, _ = ppo_params_after(*paths, "optimizations.numpy_acting=false")
+    fast, trainer = ppo_params_after(*paths, "optimizations.numpy_acting=true")
+    assert trainer.config.optimizations.numpy_acting is True
+    assert_params_close(fast, plain, **FP_REORDER)
+
+
+@pytest.mark.parametrize("batched, calls", [(False, 2), (True, 1)])
+def test_numpy_acting_runs_one_forward_per_sub_env_unless_batched(monkeypatch: pytest.MonkeyPatch, batched: bool,
+                                                                 calls: int) -> None:
+    """``batch_inference`` still decides the batching: per sub-env (plain) or one forward for all."""
+    rows: list[int] = []
+    real = NumpyMLP.__call__
+    monkeypatch.setattr(NumpyMLP, "__call__", lambda self, x: rows.append(x.shape[0]) or real(self, x))
+    for trainer in (ppo(f"optimizations.batch_inference={str(batched).lower()}", "optimizations.numpy_acting=true"),
+                    make("dqn", f"optimizations.batch_inference={str(batched).lower()}", "optimizations.numpy_acting=true")):
+        try:
+            rows.clear()
+            trainer.select_actions(trainer.next_obs)
+            assert len(rows) == calls and sum(rows) == trainer.num_envs == 2
+        finally:
+            trainer.close()
+
+
+def test_ppo_numpy_acting_selects_actions_for_the_latency_probe() -> None:
+    trainer = ppo(*PPO_ON)
+    try:
+        actions = trainer.select_actions(trainer.next_obs)
+        assert actions.shape == (trainer.num_envs,) and actions.dtype == np.int64
+    finally:
+        trainer.close()
+
+
+# --------------------------------------------------------------------------- DQN
+
+def test_dqn_numpy_acting_acts_without_torch_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = make("dqn", *ON)
+    try:
+        def no_torch(*args: object) -> None:
+            raise AssertionError("the torch Q-network ran for acting")
+        monkeypatch.setattr(trainer, "q_values", no_torch)
+        actions = trainer.select_actions(trainer.next_obs)
+        assert actions.shape == (trainer.num_envs,) and set(actions.tolist()) <= {0, 1}
+        for _ in range(5):
+            trainer._env_step()
+    finally:
+        trainer.close()
+
+
+def test_dqn_numpy_acting_is_greedy_where_epsilon_is_zero() -> None:
+    trainer = make("dqn", *ON, "dqn.start_epsilon=0.0", "dqn.end_epsilon=0.0")
+    try:
+        obs = trainer.next_obs
+        with torch.no_grad():
+            expected = trainer.model(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+        np.testing.assert_array_equal(trainer.select_actions(obs), expected)
+    finally:
+        trainer.close()
+
+
+def test_dqn_numpy_acting_keeps_fp_reorder_parity() -> None:
+    plain, _, _ = train("dqn", "optimizations.batch_inference=true", iterations=2)
+    fast, _, trainer = train("dqn", *ON, iterations=2)
+    assert trainer.config.optimizations.numpy_acting is True
+    assert_params_close(fast, plain, **FP_REORDER)
+
+
+def test_dqn_numpy_acting_follows_loaded_weights() -> None:
+    source, target = make("dqn", *ON), make("dqn", *ON)  # the source trains, the target is fresh
+    try:
+        source.iterate()
+        target.load_state_dict(source.state_dict())
+        obs = np.asarray(source.next_obs, dtype=np.float32)
+        with torch.no_grad():
+            expected = source.model(torch.as_tensor(obs)).numpy()
+        np.testing.assert_allclose(target.host_q(obs), expected, **FP_REORDER)
+    finally:
+        source.close()
+        target.close()
+
+
+# --------------------------------------------------------------------------- configuration
+
+def test_auto_turns_numpy_acting_on_for_cpu_mlp_policies() -> None:
+    for extra in (["algo=ppo", "optimizations.lean_rollout=true"], ["algo=dqn"]):
+        res = resolve_config(build_config({}, TINY + extra + ["optimizations.batch_inference=true",
+                                                              "optimizations.numpy_acting=auto"]))
+        assert res.config.optimizations.numpy_acting is True
+        assert "NumPy" in res.reasons["optimizations.numpy_acting"]
+
+
+@pytest.mark.parametrize("extra, reason", [
+    (["algo=iqn"], "not algo 'iqn'"),
+    (["optimizations.amp=true"], "float32"),
+    (["optimizations.matmul_precision=medium"], "float32"),
+    (["optimizations.compile_model=true"], "compile_model"),
+    (["model.recurrent=lstm"], "hidden state"),
+])
+def test_numpy_acting_true_is_refused_where_it_cannot_run(extra: list[str], reason: str) -> None:
+    overrides = TINY + PPO_ON + extra
+    with pytest.raises(ConfigError, match=f"numpy_acting: true cannot be used here.*{reason}"):
+        resolve_config(build_config({}, overrides))
+
+
+def test_numpy_acting_auto_stays_off_where_it_cannot_run() -> None:
+    res = resolve_config(build_config({}, TINY + ["optimizations.numpy_acting=auto", "optimizations.amp=true"]))
+    assert res.config.optimizations.numpy_acting is False
+    assert "float32" in res.reasons["optimizations.numpy_acting"]
+
+
+def test_cli_refuses_numpy_acting_under_autocast(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "ppo-cartpole", "--variant", "optimized", "--set", "optimizations.amp=true",
+                 "--set", "optimizations.numpy_acting=true", "--steps", "64", "--repeats", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "numpy_acting" in err and "Traceback" not in err
