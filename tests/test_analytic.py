@@ -119,6 +119,30 @@ def test_analytic_grads_run_no_autograd_backward(monkeypatch: pytest.MonkeyPatch
             t.close()
 
 
+@pytest.mark.parametrize("max_grad_norm", ["1e-4", "null"])
+def test_analytic_grads_write_into_one_flat_buffer_that_clipping_scales(max_grad_norm: str) -> None:
+    """Every gradient is a view of ``Learner.flat_grad``; clipping scales that buffer to the norm."""
+    t = trainer("optimizations.analytic_grads=true", f"stability.max_grad_norm={max_grad_norm}")
+    try:
+        flat = t.learner.flat_grad
+        storage = flat.untyped_storage().data_ptr()
+        t.iterate()
+        grads = [p.grad for p in t.model.parameters()]
+        assert all(g is not None and g.untyped_storage().data_ptr() == storage for g in grads)
+        assert sum(g.numel() for g in grads) == flat.numel()
+        norm = float(torch.linalg.vector_norm(flat))
+        assert norm > 0
+        if max_grad_norm != "null":
+            assert norm == pytest.approx(1e-4, rel=1e-3)
+    finally:
+        t.close()
+    plain = trainer("optimizations.analytic_grads=false")
+    try:
+        assert plain.learner.flat_grad is None
+    finally:
+        plain.close()
+
+
 @pytest.mark.parametrize("extra", [[], ["dqn.double_q=true"], ["dqn.prioritized_replay=true"], ["dqn.n_step=3"],
                                    ["model.activation=tanh"]])
 def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch, extra: list[str]) -> None:

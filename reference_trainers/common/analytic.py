@@ -44,11 +44,16 @@ def mlp_forward(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[nn.
 
 
 def mlp_backward(saved: list[tuple[nn.Linear, torch.Tensor, str | None]], grad_out: torch.Tensor) -> None:
-    """Set ``.grad`` of every weight and bias from the gradient of the loss with respect to the output."""
+    """Set ``.grad`` of every weight and bias from the gradient of the loss with respect to the output
+    (written into the existing ``.grad`` tensors where there are some)."""
     for index in range(len(saved) - 1, -1, -1):
         layer, layer_input, activation = saved[index]
-        layer.weight.grad = grad_out.t().mm(layer_input)
-        layer.bias.grad = grad_out.sum(0)
+        if layer.weight.grad is None:
+            layer.weight.grad = grad_out.t().mm(layer_input)
+            layer.bias.grad = grad_out.sum(0)
+        else:  # in place, into the gradient storage the learner keeps (``Learner.flat_grad``)
+            torch.mm(grad_out.t(), layer_input, out=layer.weight.grad)
+            torch.sum(grad_out, 0, out=layer.bias.grad)
         if index == 0:
             return
         grad_in = grad_out.mm(layer.weight)

@@ -56,6 +56,17 @@ def maybe_compile(model: nn.Module, optimizations: OptimizationsConfig, name: st
     return model
 
 
+def flat_gradients(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """One zeroed buffer holding every parameter's gradient: each ``.grad`` becomes a view of it."""
+    first = params[0]
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
 def fell_back(*callables: object) -> bool:
     """True if any of these compiled callables fell back to eager (recorded as ``compile_fallback``)."""
     return any(isinstance(f, CompiledOrEager) and f.fell_back for f in callables)
@@ -87,6 +98,8 @@ class Learner:
             lr = torch.tensor(lr, dtype=torch.float32, device=device)
         self.optimizer = make_adam(model.parameters(), lr, adam_eps, o.optimizer_impl, capturable=bool(o.cuda_graphs))
         self.params = list(model.parameters())
+        # a closure that sets every gradient writes them into one flat buffer: clipping is one norm and one scale
+        self.flat_grad = flat_gradients(self.params) if sets_grads else None
         self.foreach_clip = o.optimizer_impl != "forloop"
         # fused Adam without a GradScaler: the kernel is called directly (same kernel, same state)
         self.direct_step = (FusedAdamStep(self.optimizer) if o.optimizer_impl == "fused" and not o.cuda_graphs
@@ -106,11 +119,17 @@ class Learner:
     # ----------------------------------------------------------------- one step
     def _loss_and_grads(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.flat_grad is None:
+            self.optimizer.zero_grad(set_to_none=True)
         loss, stats = self.loss(*batch)
         if not self.sets_grads:
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.optimizer)
+        if self.flat_grad is not None:  # every gradient overwritten in place: no zeroing, one norm
+            grad_norm = torch.linalg.vector_norm(self.flat_grad)
+            if self.max_grad_norm is not None:
+                self.flat_grad.mul_((self.max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0))
+            return loss.detach(), stats, grad_norm
         params = self.params
         if self.max_grad_norm is not None:
             grad_norm = clip_grad_norm(params, self.max_grad_norm, self.foreach_clip)
