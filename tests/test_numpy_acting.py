@@ -102,6 +102,28 @@ def test_numpy_gaussian_sampling_matches_the_torch_sampling() -> None:
     np.testing.assert_allclose(host_logprob, logprob.numpy(), **FP_REORDER)
 
 
+def numpy_blas_thread_counts() -> list[int]:
+    from threadpoolctl import ThreadpoolController
+    return [lib.num_threads for lib in ThreadpoolController().select(user_api="blas").lib_controllers
+            if "numpy" in lib.filepath]
+
+
+def test_numpy_blas_runs_single_threaded_while_a_numpy_acting_trainer_runs() -> None:
+    """Idle NumPy BLAS threads spinning beside torch's slowed a 64-env PPO update 3x: one thread while acting."""
+    original = numpy_blas_thread_counts()
+    if not original:
+        pytest.skip("NumPy's BLAS is not one threadpoolctl can see here")
+    fast, plain = ppo(*PPO_ON), ppo(*PPO_OFF)
+    try:
+        fast.activate()
+        assert numpy_blas_thread_counts() == [1] * len(original)
+        plain.activate()
+        assert numpy_blas_thread_counts() == original
+    finally:
+        fast.close()
+        plain.close()
+
+
 # --------------------------------------------------------------------------- PPO
 
 def ppo(*overrides: str) -> PPOTrainer:

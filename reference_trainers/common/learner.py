@@ -23,6 +23,7 @@ from torch import nn
 from . import device as dev
 from . import distributed
 from .config import OptimizationsConfig, TrainConfig
+from .numpy_acting import numpy_blas_threads
 from .resolve import amp_dtype
 from .speedups import CompiledOrEager, CudaGraphedStep, FusedAdamStep, clip_grad_norm, make_adam
 from .stats import make_stats
@@ -39,13 +40,15 @@ class NonFiniteError(RuntimeError):
 
 
 def apply_process_settings(optimizations: OptimizationsConfig) -> None:
-    """Apply a trainer's process-wide settings (matmul precision, TF32, intra-op threads).
+    """Apply a trainer's process-wide settings (matmul precision, TF32, intra-op threads, NumPy's
+    BLAS threads under ``numpy_acting``).
 
     Global state: trainers call this at the start of each iteration, so two trainers in one
     process (baseline and optimised, interleaved) each run with their own settings.
     """
     dev.apply_precision(optimizations.matmul_precision, optimizations.tf32)
     dev.apply_threads(optimizations.torch_threads)
+    numpy_blas_threads.apply(bool(optimizations.numpy_acting))
 
 
 def maybe_compile(model: nn.Module, optimizations: OptimizationsConfig, name: str = "model"

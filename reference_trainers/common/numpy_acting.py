@@ -18,12 +18,48 @@ import numpy as np
 import torch
 from torch import nn
 
+from threadpoolctl import ThreadpoolController
+
 from .analytic import ACTIVATION_NAMES
 from .networks import MLP
 
 LOG_2PI = math.log(2 * math.pi)
 Layer = tuple[np.ndarray, np.ndarray] | str
 """A linear layer as (weight transposed, bias), or an activation name ("tanh", "relu")."""
+
+
+class NumpyBlasThreads:
+    """NumPy's own BLAS thread count, one while a NumPy-acting trainer runs (``apply``).
+
+    Acting products are small enough for one thread; left at its default, NumPy's BLAS wakes
+    its worker threads for a 64-row product and they spin beside torch's threads through the
+    update that follows (measured: a 2048-row PPO minibatch 3x slower on 2 cores). Only the
+    BLAS library that NumPy itself loaded is limited, never torch's.
+    """
+
+    def __init__(self) -> None:
+        self._limited = False
+        self._limits: object | None = None
+
+    def apply(self, single: bool) -> None:
+        """One thread for NumPy's BLAS if ``single``, else its original count; O(1) when unchanged."""
+        if single == self._limited:
+            return
+        if single:
+            numpy_blas = ThreadpoolController().select(user_api="blas")
+            numpy_blas = [lib for lib in numpy_blas.lib_controllers if "numpy" in lib.filepath]
+            self._limits = [(lib, lib.num_threads) for lib in numpy_blas]
+            for lib in numpy_blas:
+                lib.set_num_threads(1)
+        else:
+            for lib, threads in self._limits or []:
+                lib.set_num_threads(threads)
+            self._limits = None
+        self._limited = single
+
+
+numpy_blas_threads = NumpyBlasThreads()
+"""The process's one switch (process-wide state, like torch's thread count)."""
 
 
 def host_view(tensor: torch.Tensor) -> np.ndarray:
