@@ -90,20 +90,39 @@ class DQNTrainer(ValueTrainer):
         """``analytic_grads``: ``loss`` with the Q-network's gradients set by hand (no autograd graph):
         the Huber loss's gradient is the TD error clamped to [-1, 1], per sample, over the batch
         (times the importance weights under PER), at the taken action; ``analytic.mlp_backward``
-        carries it through the MLP."""
+        carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``)."""
         with torch.no_grad():
-            next_q_target = self.target_forward(next_obs)
-            next_q_online = self.forward(next_obs) if self.hp.double_q else None
-            targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)
-            q, saved = analytic.mlp_forward(self.model.net, obs)
-            taken = actions.unsqueeze(1)
-            q_taken = q.gather(1, taken).squeeze(1)
-            loss, td_abs = td_loss(q_taken, targets, weights)
-            slope = (q_taken - targets).clamp(-1.0, 1.0) / q_taken.shape[0]
-            if weights is not None:
-                slope = slope * weights
-            analytic.mlp_backward(saved, torch.zeros_like(q).scatter_(1, taken, slope.unsqueeze(1)))
-        return loss, {"loss": loss, "q_values": q_taken.mean(), "priority": td_abs}
+            if self.analytic_step is not None:
+                loss, stats, flat = self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights)
+                self.learner.flat_grad.copy_(flat)
+                return loss, stats
+            q, saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
+            analytic.mlp_backward(saved, grad_q)
+        return loss, stats
+
+    def analytic_grads(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                       bootstrap: torch.Tensor, weights: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, every gradient
+        as one flat vector in the Q-network's parameter order)."""
+        _, saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
+        return loss, stats, torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)])
+
+    def _td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                     bootstrap: torch.Tensor, weights: torch.Tensor | None):  # noqa: ANN202 - a tuple of five
+        """Forward, TD targets, Huber loss and its gradient with respect to the Q-values."""
+        next_q_target = self.target_forward(next_obs)
+        next_q_online = self.forward(next_obs) if self.hp.double_q else None
+        targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)
+        q, saved = analytic.mlp_forward(self.model.net, obs)
+        taken = actions.unsqueeze(1)
+        q_taken = q.gather(1, taken).squeeze(1)
+        loss, td_abs = td_loss(q_taken, targets, weights)
+        slope = (q_taken - targets).clamp(-1.0, 1.0) / q_taken.shape[0]
+        if weights is not None:
+            slope = slope * weights
+        grad_q = torch.zeros_like(q).scatter_(1, taken, slope.unsqueeze(1))
+        return q, saved, grad_q, loss, {"loss": loss, "q_values": q_taken.mean(), "priority": td_abs}
 
 
 def main(argv: list[str] | None = None) -> int:

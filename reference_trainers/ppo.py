@@ -273,10 +273,13 @@ class PPOTrainer(Checkpointable):
                                sets_grads=self.analytic)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
-        # analytic_grads: the loss-gradient function, compiled under compile_train_step (no autograd in it)
-        loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
-        self.loss_grads = (CompiledOrEager(loss_grads, "loss_grads") if self.analytic and o.compile_train_step
-                           else loss_grads)
+        self.loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
+        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
+        self.analytic_step: CompiledOrEager | None = None
+        if self.analytic and o.compile_train_step:
+            networks = list(self.model.actor.parameters()) + list(self.model.critic.parameters())
+            self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
+            self.analytic_step = CompiledOrEager(self._analytic_grads, "train_step", dynamic=False)
         self.numpy_acting = bool(o.numpy_acting)
         self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
                     else self._act_per_env)
@@ -511,15 +514,30 @@ class PPOTrainer(Checkpointable):
                             advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
                             mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``analytic_grads``: the PPO loss of one minibatch, with every parameter's gradient set by
-        hand (no autograd graph); the learner adds clipping and the step."""
+        hand (no autograd graph); the learner adds clipping and the step. Under
+        ``compile_train_step`` the whole of it runs compiled (``_analytic_grads``)."""
+        batch = (obs, actions, old_logprob, advantages, returns, old_value, mask)
         with torch.no_grad():
+            if self.analytic_step is not None:
+                loss, stats, flat = self.analytic_step(*batch)
+                self.learner.flat_grad.copy_(flat)
+                return loss, stats
             logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
             value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
-            loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), actions, old_logprob,
-                                                                   advantages, returns, old_value, mask)
+            loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])
             analytic.mlp_backward(actor_saved, grad_logits)
             analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
         return loss, stats
+
+    def _analytic_grads(self, obs: torch.Tensor, *rest: torch.Tensor
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """``_minibatch_analytic`` as a pure function for ``torch.compile``: (loss, stats, every
+        gradient as one flat vector in the learner's parameter order)."""
+        logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
+        value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
+        loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
+        grads = analytic.mlp_grads(actor_saved, grad_logits) + analytic.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
+        return loss, stats, torch.cat([grads[i].reshape(-1) for i in self.grad_order])
 
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo
@@ -593,7 +611,7 @@ class PPOTrainer(Checkpointable):
 
     @property
     def compile_fallback(self) -> bool:
-        return fell_back(self.forward, self.learner.loss_and_grads, self.loss_grads)
+        return fell_back(self.forward, self.learner.loss_and_grads, self.analytic_step)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()

@@ -171,7 +171,6 @@ def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch,
     (["env.id=Pendulum-v1"], "continuous actions"),
     (["optimizations.amp=true", "optimizations.amp_dtype=bfloat16"], "amp"),
     (["optimizations.compile_model=true"], "compile_model compiles the module forward"),
-    (["algo=dqn", "optimizations.compile_train_step=true"], "compile_train_step compiles DQN's autograd update"),
     (["model.recurrent=lstm"], "model.recurrent 'lstm'"),
     (["algo=iqn"], "not algo 'iqn'"),
 ])
@@ -192,26 +191,43 @@ def test_analytic_grads_auto_resolves_where_it_applies(overrides: list[str], exp
     assert "optimizations.analytic_grads" in resolution.reasons
 
 
-@pytest.mark.slow  # one inductor compile: seconds with a warm cache, ~30 s cold on 2 cores
-def test_compile_train_step_compiles_the_loss_gradient_function_under_analytic_grads() -> None:
+def test_mlp_grads_are_the_gradients_mlp_backward_sets() -> None:
+    torch.manual_seed(4)
+    net = mlp(5, [16, 8], 3, "relu", out_std=1.0)
+    out, saved = analytic.mlp_forward(net, torch.randn(6, 5))
+    grad_out = torch.randn_like(out)
+    grads = analytic.mlp_grads(saved, grad_out)
+    analytic.mlp_backward(saved, grad_out)
+    assert len(grads) == len(list(net.parameters()))
+    for p, g in zip(net.parameters(), grads):
+        torch.testing.assert_close(g, p.grad, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # inductor compiles: seconds each with a warm cache, ~30 s cold on 2 cores
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_compile_train_step_compiles_the_whole_hand_written_step(algo: str) -> None:
+    """Under analytic_grads, compile_train_step compiles forward, loss gradient and backward in
+    one function (no autograd step to compile), and trains as the eager hand-written step does."""
     from reference_trainers.common.speedups import CompiledOrEager
-    resolution = resolve_config(build_config({}, TINY + ["optimizations.analytic_grads=auto",
-                                                         "optimizations.compile_train_step=true"]))
-    o = resolution.config.optimizations
-    assert o.analytic_grads is True and o.compile_train_step is True
-    t = PPOTrainer(resolution.config, resolution=resolution)
-    try:
-        assert isinstance(t.loss_grads, CompiledOrEager)
-        assert not isinstance(t.learner.loss_and_grads, CompiledOrEager)  # no autograd step to compile
-        t.iterate()
-        assert not t.compile_fallback, t.loss_grads.reason
-    finally:
-        t.close()
-    eager = trainer("optimizations.analytic_grads=true", "optimizations.compile_train_step=false")
-    try:
-        assert not isinstance(eager.loss_grads, CompiledOrEager)
-    finally:
-        eager.close()
+    from value_trainers import make, snapshot
+
+    def build(compiled: bool):  # noqa: ANN202
+        flags = ["optimizations.analytic_grads=true", f"optimizations.compile_train_step={str(compiled).lower()}"]
+        return trainer(*flags) if algo == "ppo" else make("dqn", *flags)
+
+    params = []
+    for compiled in (False, True):
+        t = build(compiled)
+        try:
+            assert isinstance(t.analytic_step, CompiledOrEager) is compiled
+            assert not isinstance(t.learner.loss_and_grads, CompiledOrEager)
+            for _ in range(3):
+                t.iterate()
+            assert t.updates > 0 and not t.compile_fallback, getattr(t.analytic_step, "reason", "")
+            params.append(snapshot(t.model))
+        finally:
+            t.close()
+    assert_params_close(params[1], params[0], **FP_REORDER)
 
 
 # --------------------------------------------------------------------------- stacked actor-critic

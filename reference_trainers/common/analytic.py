@@ -43,6 +43,19 @@ def mlp_forward(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[nn.
     return x, saved
 
 
+def mlp_grads(saved: list[tuple[nn.Linear, torch.Tensor, str | None]], grad_out: torch.Tensor) -> list[torch.Tensor]:
+    """``mlp_backward``'s gradients as new tensors, in the order of the MLP's ``parameters()``
+    (weight, bias, layer by layer): the pure form ``torch.compile`` traces."""
+    grads: list[torch.Tensor] = []
+    for index in range(len(saved) - 1, -1, -1):
+        layer, layer_input, activation = saved[index]
+        grads += [grad_out.sum(0), grad_out.t().mm(layer_input)]  # reversed below
+        if index == 0:
+            break
+        grad_out = _activation_backward(grad_out.mm(layer.weight), layer_input, activation)
+    return grads[::-1]
+
+
 def mlp_backward(saved: list[tuple[nn.Linear, torch.Tensor, str | None]], grad_out: torch.Tensor) -> None:
     """Set ``.grad`` of every weight and bias from the gradient of the loss with respect to the output
     (written into the existing ``.grad`` tensors where there are some)."""
@@ -56,8 +69,11 @@ def mlp_backward(saved: list[tuple[nn.Linear, torch.Tensor, str | None]], grad_o
             torch.sum(grad_out, 0, out=layer.bias.grad)
         if index == 0:
             return
-        grad_in = grad_out.mm(layer.weight)
-        if activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
-            grad_out = torch.ops.aten.tanh_backward(grad_in, layer_input)
-        else:  # relu: pass where the output is positive
-            grad_out = torch.ops.aten.threshold_backward(grad_in, layer_input, 0)
+        grad_out = _activation_backward(grad_out.mm(layer.weight), layer_input, activation)
+
+
+def _activation_backward(grad_in: torch.Tensor, layer_input: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """The gradient before the activation whose output is ``layer_input``."""
+    if activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
+        return torch.ops.aten.tanh_backward(grad_in, layer_input)
+    return torch.ops.aten.threshold_backward(grad_in, layer_input, 0)  # relu: pass where the output is positive

@@ -37,7 +37,7 @@ from .numpy_acting import NumpyMLP, chunk_rows, in_chunks
 from .prefetch import Prefetcher
 from .probe import NullProbe, Probe
 from .resolve import Resolution, resolve_config
-from .speedups import HostToDevice
+from .speedups import CompiledOrEager, HostToDevice
 from .trainer import IterationResult
 
 
@@ -98,6 +98,9 @@ class ValueTrainer(Checkpointable):
                                sets_grads=bool(o.analytic_grads))
         self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
+        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
+        self.analytic_step = (CompiledOrEager(self.analytic_grads, "train_step", dynamic=False)
+                              if o.analytic_grads and o.compile_train_step else None)
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
                                       uint8=bool(o.uint8_transfer))
         self.replay_generator = generator(4)
@@ -144,6 +147,11 @@ class ValueTrainer(Checkpointable):
 
     def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``analytic_grads``: ``loss`` with every parameter's gradient set by hand (DQN defines it)."""
+        raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
+                          "accepted: false or auto")
+
+    def analytic_grads(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, flat gradients)."""
         raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
                           "accepted: false or auto")
 
@@ -341,7 +349,7 @@ class ValueTrainer(Checkpointable):
 
     @property
     def compile_fallback(self) -> bool:
-        return fell_back(self.forward, self.target_forward, self.learner.loss_and_grads)
+        return fell_back(self.forward, self.target_forward, self.learner.loss_and_grads, self.analytic_step)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()
