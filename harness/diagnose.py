@@ -94,8 +94,19 @@ def _update_advice(f: Facts) -> str:
         tips.append("torch_threads=1 (small models lose more to thread hand-off than they gain)")
     if f.opt.get("optimizer_impl") == "forloop":
         tips.append("optimizer_impl=fused (one kernel for the Adam step)")
+    if _mlp_policy(f) and not f.opt.get("analytic_grads"):
+        tips.append("analytic_grads=true (hand-written gradients, no autograd graph)")
+    elif f.opt.get("analytic_grads") and not f.opt.get("compile_train_step"):
+        tips.append("compile_train_step=true for long runs (the hand-written step compiled: seconds of warm-up)")
     tips.append("fewer, larger minibatches (ppo.num_minibatches) if the algorithm allows")
     return text + "; ".join(tips)
+
+
+def _mlp_policy(f: Facts) -> bool:
+    """A feed-forward MLP policy of PPO or DQN: what ``numpy_acting`` and ``analytic_grads`` cover."""
+    model = f.config.get("model", {})
+    return (f.config.get("algo") in ("ppo", "dqn") and model.get("body") == "mlp"
+            and model.get("recurrent", "none") == "none")
 
 
 RULES: list[Rule] = [
@@ -115,6 +126,12 @@ RULES: list[Rule] = [
          lambda f: f.shares["inference"] > 30 and not f.opt.get("batch_inference"),
          lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time, one forward per env: "
                    "batch_inference=true (one forward for all envs)"),
+    Rule("torch_acting",
+         lambda f: (not f.on_cuda and f.shares["inference"] > 20 and bool(f.opt.get("batch_inference"))
+                    and not f.opt.get("numpy_acting") and _mlp_policy(f)),
+         lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time in torch ops on the CPU, "
+                   "mostly dispatch at these batch sizes: numpy_acting=true (the acting forward in NumPy over "
+                   "the same weights)"),
     Rule("update_dominant", lambda f: f.shares["update"] > 50, _update_advice),
     Rule("transfer",
          lambda f: f.shares["transfer"] > 15,

@@ -24,10 +24,12 @@ PLAIN = {"batch_inference": False, "sync_free_logging": False, "torch_threads": 
 
 
 def facts(env=10.0, inference=10.0, update=10.0, transfer=0.0, logging=0.0, syncs=1.0, ceiling=None,
-          device="cpu", vectorization="serial", util=None, compile_works=None, **flags) -> Facts:
+          device="cpu", vectorization="serial", util=None, compile_works=None, algo="ppo", body="mlp",
+          **flags) -> Facts:
     shares = {"env": env, "inference": inference, "update": update, "transfer": transfer, "logging": logging}
     shares["other"] = 100 - sum(shares.values())
-    config = {"device": device, "env": {"vectorization": vectorization}, "optimizations": {**PLAIN, **flags}}
+    config = {"device": device, "algo": algo, "model": {"body": body, "recurrent": "none"},
+              "env": {"vectorization": vectorization}, "optimizations": {**PLAIN, **flags}}
     return Facts(shares, syncs, util, ceiling, config, compile_works)
 
 
@@ -57,6 +59,24 @@ def test_update_dominant_advice_depends_on_the_device() -> None:
     assert "bigger batches" in gpu and "compile_train_step=true" in gpu and "amp=true" in gpu
     done = advise(facts(update=80.0, torch_threads=1, optimizer_impl="fused"))[0]["advice"]
     assert "torch_threads" not in done and "fused" not in done
+
+
+def test_cpu_update_advice_points_to_the_hand_written_step() -> None:
+    plain = advise(facts(update=80.0))[0]["advice"]
+    assert "analytic_grads=true" in plain
+    assert "analytic_grads" not in advise(facts(update=80.0, algo="iqn"))[0]["advice"]
+    analytic = advise(facts(update=80.0, analytic_grads=True))[0]["advice"]
+    assert "compile_train_step=true" in analytic and "analytic_grads=true" not in analytic
+    done = advise(facts(update=80.0, analytic_grads=True, compile_train_step=True))[0]["advice"]
+    assert "compile_train_step" not in done
+
+
+def test_torch_acting_on_the_cpu_suggests_numpy_acting() -> None:
+    assert rules(facts(inference=30.0, batch_inference=True)) == ["torch_acting"]
+    assert "numpy_acting=true" in advise(facts(inference=30.0, batch_inference=True))[0]["advice"]
+    assert rules(facts(inference=30.0, batch_inference=True, numpy_acting=True)) == []
+    assert rules(facts(inference=30.0, batch_inference=True, body="cnn")) == []
+    assert rules(facts(inference=30.0, batch_inference=True, device="cuda:0")) == []
 
 
 def test_remaining_rules_fire_on_their_measurements() -> None:
