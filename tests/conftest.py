@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from reference_trainers.common import device as dev
+from reference_trainers.common.numpy_acting import numpy_blas_threads
 
 settings.register_profile(
     "ci", derandomize=True, database=None, deadline=None, max_examples=10,
@@ -26,10 +27,12 @@ TINY = [
 
 @pytest.fixture(autouse=True)
 def _restore_process_settings() -> Iterator[None]:
-    """A run sets process-wide torch state (threads, matmul precision, TF32): keep it out of other tests."""
+    """A run sets process-wide state (torch threads, matmul precision, TF32, NumPy's BLAS threads under
+    numpy_acting): keep it out of other tests."""
     saved = dev.process_settings()
     yield
     dev.restore_process_settings(saved)
+    numpy_blas_threads.apply(False)
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gymnasium.vector import AutoresetMode
 
 from reference_trainers.common.envs import (
@@ -305,3 +307,32 @@ def test_episode_tracker_matches_cartpole_returns_and_lengths() -> None:
     env.close()
     assert tracker.completed > 5
     assert tracker.mean_recent() == pytest.approx(tracker.mean_recent_length())  # CartPole: reward 1 per step
+
+
+@settings(max_examples=30, deadline=None)
+@given(num_envs=st.integers(1, 4), seed=st.integers(0, 2**16), reload_at=st.integers(0, 40))
+def test_episode_tracker_matches_a_per_env_loop(num_envs: int, seed: int, reload_at: int) -> None:
+    """The tracker (with its all-mid-episode shortcut, and across a checkpoint reload) against the rule
+    written out per sub-env: a reset step's reward is ignored; an episode's return sums the rest."""
+    rng = np.random.default_rng(seed)
+    tracker = EpisodeTracker(num_envs, window=1000)
+    running, resetting, finished_all = [0.0] * num_envs, [False] * num_envs, []
+    for step in range(40):
+        if step == reload_at:
+            state = tracker.state_dict()
+            tracker = EpisodeTracker(num_envs, window=1000)
+            tracker.load_state_dict(state)
+        rewards = rng.integers(0, 4, size=num_envs).astype(np.float32)
+        terminated, truncated = rng.random(num_envs) < 0.15, rng.random(num_envs) < 0.05
+        expected = []
+        for i in range(num_envs):
+            if resetting[i]:
+                resetting[i] = False
+                continue
+            running[i] += float(rewards[i])
+            if terminated[i] or truncated[i]:
+                expected.append(running[i])
+                running[i], resetting[i] = 0.0, True
+        finished_all += expected
+        assert tracker.update(rewards, terminated, truncated) == expected
+    assert tracker.completed == len(finished_all)

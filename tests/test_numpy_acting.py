@@ -17,7 +17,7 @@ from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.numpy_acting import NumpyMLP, sample_categorical, sample_gaussian
+from reference_trainers.common.numpy_acting import NumpyMLP, numpy_blas_threads, sample_categorical, sample_gaussian
 from reference_trainers.common.resolve import resolve_config
 from reference_trainers.ppo import PPOTrainer, action_noise, sample_action
 
@@ -110,6 +110,7 @@ def numpy_blas_thread_counts() -> list[int]:
 
 def test_numpy_blas_runs_single_threaded_while_a_numpy_acting_trainer_runs() -> None:
     """Idle NumPy BLAS threads spinning beside torch's slowed a 64-env PPO update 3x: one thread while acting."""
+    numpy_blas_threads.apply(False)  # NumPy's BLAS as the process started it
     original = numpy_blas_thread_counts()
     if not original:
         pytest.skip("NumPy's BLAS is not one threadpoolctl can see here")

@@ -383,6 +383,7 @@ class EpisodeTracker:
         self._returns = np.zeros(self.num_envs, dtype=np.float32)
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         self._resetting = np.zeros(self.num_envs, dtype=np.bool_)
+        self._any_resetting = False  # some sub-env's next step is its reset step
         self._recent_returns: deque[float] = deque(maxlen=int(window))
         self._recent_lengths: deque[int] = deque(maxlen=int(window))
         self._completed = 0
@@ -391,6 +392,10 @@ class EpisodeTracker:
         """Account one vector step; return the returns of episodes that ended in it."""
         rewards = np.asarray(rewards, dtype=np.float32).reshape(self.num_envs)
         done = np.logical_or(terminated, truncated).reshape(self.num_envs)
+        if not self._any_resetting and not done.any():  # most steps: every sub-env mid-episode
+            self._returns += rewards
+            self._lengths += 1
+            return []
         live = ~self._resetting
         self._returns[live] += rewards[live]
         self._lengths[live] += 1
@@ -402,6 +407,7 @@ class EpisodeTracker:
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
         self._resetting = ended
+        self._any_resetting = bool(ended.any())
         return finished
 
     def state_dict(self) -> dict[str, Any]:
@@ -414,6 +420,7 @@ class EpisodeTracker:
         self._returns = state["returns"].numpy().copy()
         self._lengths = state["lengths"].numpy().copy()
         self._resetting = state["resetting"].numpy().copy()
+        self._any_resetting = bool(self._resetting.any())
         self._recent_returns.clear()
         self._recent_returns.extend(state["recent_returns"])
         self._recent_lengths.clear()
