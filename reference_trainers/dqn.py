@@ -96,7 +96,7 @@ class DQNTrainer(ValueTrainer):
                 loss, stats, flat = self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights)
                 self.learner.flat_grad.copy_(flat)
                 return loss, stats
-            q, saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
+            saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
             analytic.mlp_backward(saved, grad_q)
         return loss, stats
 
@@ -105,12 +105,13 @@ class DQNTrainer(ValueTrainer):
                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, every gradient
         as one flat vector in the Q-network's parameter order)."""
-        _, saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
+        saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
         return loss, stats, torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)])
 
     def _td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                     bootstrap: torch.Tensor, weights: torch.Tensor | None):  # noqa: ANN202 - a tuple of five
-        """Forward, TD targets, Huber loss and its gradient with respect to the Q-values."""
+                     bootstrap: torch.Tensor, weights: torch.Tensor | None):  # noqa: ANN202 - a tuple of four
+        """Forward, TD targets, Huber loss and its gradient with respect to the Q-values:
+        (the forward's saved activations, d loss / d Q, loss, stats)."""
         next_q_target = self.target_forward(next_obs)
         next_q_online = self.forward(next_obs) if self.hp.double_q else None
         targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)
@@ -122,7 +123,7 @@ class DQNTrainer(ValueTrainer):
         if weights is not None:
             slope = slope * weights
         grad_q = torch.zeros_like(q).scatter_(1, taken, slope.unsqueeze(1))
-        return q, saved, grad_q, loss, {"loss": loss, "q_values": q_taken.mean(), "priority": td_abs}
+        return saved, grad_q, loss, {"loss": loss, "q_values": q_taken.mean(), "priority": td_abs}
 
 
 def main(argv: list[str] | None = None) -> int:

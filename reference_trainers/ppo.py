@@ -400,9 +400,10 @@ class PPOTrainer(Checkpointable):
         return obs_t, action, logprob, value, host_actions
 
     def _numpy_policy(self) -> host.NumpyMLP:
-        """``numpy_acting``: the actor and critic as one stacked NumPy forward, snapshot per rollout."""
+        """``numpy_acting``: the actor and critic as one stacked NumPy forward, snapshot per rollout
+        (over ``lean_rollout``'s stacked network where the rollout built one)."""
         if self.host_policy is None:
-            stacked = StackedMLPs(self.model.actor, self.model.critic)
+            stacked = self.stacked or StackedMLPs(self.model.actor, self.model.critic)
             self.host_policy, self.host_split = host.NumpyMLP(stacked.layers), stacked.split
         return self.host_policy
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
 from threadpoolctl import ThreadpoolController
+from torch import nn
 
 from .analytic import ACTIVATION_NAMES
 from .networks import MLP
@@ -38,24 +38,21 @@ class NumpyBlasThreads:
     """
 
     def __init__(self) -> None:
-        self._limited = False
-        self._limits: object | None = None
+        self._original: list[tuple[Any, int]] | None = None  # (library, its thread count) while limited
 
     def apply(self, single: bool) -> None:
         """One thread for NumPy's BLAS if ``single``, else its original count; O(1) when unchanged."""
-        if single == self._limited:
+        if single == (self._original is not None):
             return
         if single:
-            numpy_blas = ThreadpoolController().select(user_api="blas")
-            numpy_blas = [lib for lib in numpy_blas.lib_controllers if "numpy" in lib.filepath]
-            self._limits = [(lib, lib.num_threads) for lib in numpy_blas]
-            for lib in numpy_blas:
+            libraries = ThreadpoolController().select(user_api="blas").lib_controllers
+            self._original = [(lib, lib.num_threads) for lib in libraries if "numpy" in lib.filepath]
+            for lib, _ in self._original:
                 lib.set_num_threads(1)
         else:
-            for lib, threads in self._limits or []:
+            for lib, threads in self._original:
                 lib.set_num_threads(threads)
-            self._limits = None
-        self._limited = single
+            self._original = None
 
 
 numpy_blas_threads = NumpyBlasThreads()

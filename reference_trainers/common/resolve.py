@@ -229,15 +229,21 @@ def _analytic_grads_blocker(config: TrainConfig, space: gym.Space) -> str | None
     return next((why for blocked, why in blockers if blocked), None)
 
 
-def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
+def _resolve_gated(config: TrainConfig, reasons: dict[str, str], name: str, blocker: str | None, wanted: bool,
+                   why: str) -> None:
+    """A flag some configs cannot run: ``true`` where ``blocker`` says why is a ConfigError; ``auto``
+    turns on where there is no blocker and ``wanted`` (``why`` says why)."""
     o = config.optimizations
-    blocker = _analytic_grads_blocker(config, space)
-    if o.analytic_grads is True and blocker:
-        raise ConfigError(f"optimizations.analytic_grads: true cannot be used here ({blocker}); accepted here: false or auto")
-    if o.analytic_grads == "auto":
-        why = (blocker or ("per-op overhead dominates small CPU updates; hand-written gradients need no autograd graph"
-                           if on_cpu else "measured on the CPU only; autograd on accelerators"))
-        o.analytic_grads = _pick(reasons, "optimizations.analytic_grads", on_cpu and blocker is None, why)
+    if getattr(o, name) is True and blocker:
+        raise ConfigError(f"optimizations.{name}: true cannot be used here ({blocker}); accepted here: false or auto")
+    if getattr(o, name) == "auto":
+        setattr(o, name, _pick(reasons, f"optimizations.{name}", wanted and blocker is None, blocker or why))
+
+
+def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
+    _resolve_gated(config, reasons, "analytic_grads", _analytic_grads_blocker(config, space), on_cpu,
+                   "per-op overhead dominates small CPU updates; hand-written gradients need no autograd graph"
+                   if on_cpu else "measured on the CPU only; autograd on accelerators")
 
 
 def _numpy_acting_blocker(config: TrainConfig, kind: str) -> str | None:
@@ -249,21 +255,15 @@ def _numpy_acting_blocker(config: TrainConfig, kind: str) -> str | None:
         (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} carries a hidden state"),
         (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
         (bool(o.amp), "amp: NumPy computes in float32"),
-        (o.matmul_precision not in ("highest", "auto"), f"matmul_precision {o.matmul_precision!r}: NumPy multiplies "
-                                                        "in float32"),
+        (o.matmul_precision != "highest", f"matmul_precision {o.matmul_precision!r}: NumPy multiplies in float32"),
         (bool(o.compile_model), "compile_model compiles the module forward it bypasses"),
     ]
     return next((why for blocked, why in blockers if blocked), None)
 
 
 def _resolve_numpy_acting(config: TrainConfig, reasons: dict[str, str], kind: str) -> None:
-    o = config.optimizations
-    blocker = _numpy_acting_blocker(config, kind)
-    if o.numpy_acting is True and blocker:
-        raise ConfigError(f"optimizations.numpy_acting: true cannot be used here ({blocker}); accepted here: false or auto")
-    if o.numpy_acting == "auto":
-        why = blocker or "torch's per-op dispatch dominates a forward of a few rows; NumPy calls cost less"
-        o.numpy_acting = _pick(reasons, "optimizations.numpy_acting", blocker is None, why)
+    _resolve_gated(config, reasons, "numpy_acting", _numpy_acting_blocker(config, kind), True,
+                   "torch's per-op dispatch dominates a forward of a few rows; NumPy calls cost less")
 
 
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:

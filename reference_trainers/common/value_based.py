@@ -111,6 +111,7 @@ class ValueTrainer(Checkpointable):
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
         self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
+        self.inference_chunk = chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
         if o.numpy_acting:
             self.host_q = self._host_q_network()
         self.act = self._act_numpy if o.numpy_acting else self._act_batched if o.batch_inference else self._act_per_env
@@ -240,9 +241,7 @@ class ValueTrainer(Checkpointable):
         draws as the other paths."""
         with self.probe.phase("inference"):
             noise = self._acting_noise()
-            rows = chunk_rows(self.config.optimizations.batch_inference, self.config.optimizations.inference_batch_size,
-                              self.num_envs)
-            greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), rows).argmax(-1)
+            greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), self.inference_chunk).argmax(-1)
             explore = noise.uniform.numpy() < self.epsilon()
             return np.where(explore, noise.random_action.numpy(), greedy)
 
