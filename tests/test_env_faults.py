@@ -103,6 +103,19 @@ def test_close_while_a_step_is_in_flight_collects_it_and_stops_the_workers() -> 
     assert all(p.exitcode == 0 for p in envs.processes)  # finished on request, not terminated
 
 
+def test_close_after_a_step_sent_to_only_some_workers_prints_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C inside ``step_async`` between two sends: one worker steps while the env thinks it is idle.
+    Closing must let that worker answer ``close`` before the pipes shut (no BrokenPipeError traceback)."""
+    envs = make_vector_env("CartPole-v1", 2, "async")
+    envs.reset(seed=0)
+    capfd.readouterr()
+    envs.parent_pipes[-1].send(("step", envs.single_action_space.sample()))  # step_async, interrupted
+    envs.close()
+    assert envs.closed and not any(p.is_alive() for p in envs.processes)
+    assert all(p.exitcode == 0 for p in envs.processes)
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_workers_ignore_sigint_so_ctrl_c_is_handled_by_the_main_process_alone() -> None:
     main_handler = signal.getsignal(signal.SIGINT)
     envs = make_vector_env("CartPole-v1", 2, "async")

@@ -16,6 +16,7 @@ import multiprocessing.connection
 import os
 import queue
 import signal
+import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -143,6 +144,20 @@ class CheckedAsyncVectorEnv(gym.vector.AsyncVectorEnv):
                 self.parent_pipes[i] = None
         self.closed = True
 
+    def _finish_workers(self, timeout: float) -> None:
+        """Send every worker ``close`` and wait for each to exit, its pipe still open.
+
+        A worker may still owe the answer to a command sent before an interrupt (Ctrl-C inside
+        ``step_async`` leaves some workers stepping while the env looks idle). Its answers, then its
+        ``close`` acknowledgement, land in a pipe that stays open until it has exited, so it never
+        writes to a closed pipe (gymnasium's own close reads one message per pipe and then closes them).
+        """
+        for pipe in self.parent_pipes:
+            pipe.send(("close", None))
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+
     def close_extras(self, timeout: float | None = STOP_TIMEOUT_S, terminate: bool = False) -> None:
         """Ask the workers to finish (waiting for a pending step first); stop any that fail to."""
         timeout = STOP_TIMEOUT_S if timeout is None else timeout
@@ -152,7 +167,7 @@ class CheckedAsyncVectorEnv(gym.vector.AsyncVectorEnv):
                 if self._state != AsyncState.DEFAULT:  # e.g. interrupted inside step(): collect that step first
                     getattr(self, f"{self._state.value}_wait")(timeout)
                 if not self.closed:
-                    super().close_extras(timeout=timeout)
+                    self._finish_workers(timeout)
         except Exception:  # noqa: BLE001 - a broken or stuck worker while closing: stopped below
             pass
         finally:
