@@ -203,6 +203,47 @@ def test_mlp_grads_are_the_gradients_mlp_backward_sets() -> None:
         torch.testing.assert_close(g, p.grad, rtol=0, atol=0)
 
 
+def _compiled_graph_ops(fn, *args: torch.Tensor) -> set[str]:  # noqa: ANN001
+    """The ops in the graph ``torch.compile`` traces for ``fn(*args)`` (the graph itself runs eagerly)."""
+    ops: set[str] = set()
+
+    def record(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # noqa: ANN202
+        ops.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=record, dynamic=False)(*args)
+    return ops
+
+
+@pytest.mark.parametrize(("rows", "aten"), [(analytic.ATEN_TANH_MIN_ELEMENTS // 16, True),
+                                            (analytic.ATEN_TANH_MIN_ELEMENTS // 16 - 1, False)])
+def test_a_compiled_cpu_step_calls_atens_tanh_on_large_activations(rows: int, aten: bool) -> None:
+    """Inductor's generated tanh is several times slower than ATen's on large CPU activations:
+    from ``ATEN_TANH_MIN_ELEMENTS`` the traced step calls ATen's kernel as one opaque op."""
+    torch.manual_seed(0)
+    net = mlp(4, [16, 16], 2, "tanh", out_std=1.0)
+    x = torch.randn(rows, 4)
+
+    def step(x: torch.Tensor) -> list[torch.Tensor]:
+        out, saved = analytic.mlp_forward(net, x)
+        return analytic.mlp_grads(saved, torch.ones_like(out))
+
+    with torch.no_grad():
+        ops = _compiled_graph_ops(step, x)
+        assert ("rlgauge.aten_tanh.default" in ops) is aten
+        assert any(op.startswith("<built-in method tanh of") for op in ops) is not aten  # inductor's own
+        compiled = torch.compile(step, dynamic=False)(x)
+        for got, want in zip(compiled, step(x)):  # sums over ~2k rows, reassociated
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_aten_tanh_is_torch_tanh_outside_a_compiled_step() -> None:
+    x = torch.randn(analytic.ATEN_TANH_MIN_ELEMENTS + 5)
+    torch.testing.assert_close(analytic.aten_tanh(x), torch.tanh(x), rtol=0, atol=0)
+    assert analytic.tanh(x).equal(torch.tanh(x))
+
+
 @pytest.mark.slow  # inductor compiles: seconds each with a warm cache, ~30 s cold on 2 cores
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_compile_train_step_compiles_the_whole_hand_written_step(algo: str) -> None:

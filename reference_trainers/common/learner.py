@@ -110,7 +110,9 @@ class Learner:
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
-            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=True) if o.compile_train_step and not sets_grads
+            # dynamic=None: static shapes (a minibatch keeps its size), dynamic only if one changes;
+            # dynamic=True failed to compile on CUDA with torch 2.11 (a shape guard without a source)
+            CompiledOrEager(self._loss_and_grads, "train_step", dynamic=None) if o.compile_train_step and not sets_grads
             else self._loss_and_grads)
         self.graphed: CudaGraphedStep | None = None
         self.nonfinite_events = 0
