@@ -400,11 +400,11 @@ class PPOTrainer(Checkpointable):
         return obs_t, action, logprob, value, host_actions
 
     def _numpy_policy(self) -> host.NumpyMLP:
-        """``numpy_acting``: the actor and critic as one stacked NumPy forward, snapshot per rollout
-        (over ``lean_rollout``'s stacked network where the rollout built one)."""
+        """``numpy_acting``: the actor and critic side by side as one NumPy forward, a snapshot per
+        rollout (contiguous weight copies; wide acting batches split the block-diagonal layers)."""
         if self.host_policy is None:
-            stacked = self.stacked or StackedMLPs(self.model.actor, self.model.critic)
-            self.host_policy, self.host_split = host.NumpyMLP(stacked.layers), stacked.split
+            actor, critic = self.model.actor, self.model.critic
+            self.host_policy, self.host_split = host.NumpyMLP.side_by_side(actor, critic), actor[-1].out_features
         return self.host_policy
 
     def _act_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -17,7 +17,8 @@ from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.numpy_acting import NumpyMLP, numpy_blas_threads, sample_categorical, sample_gaussian
+from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_ROWS, NumpyMLP, numpy_blas_threads,
+                                                    sample_categorical, sample_gaussian)
 from reference_trainers.common.resolve import resolve_config
 from reference_trainers.ppo import PPOTrainer, action_noise, sample_action
 
@@ -73,6 +74,38 @@ def test_numpy_stacked_actor_critic_matches_the_torch_one() -> None:
     out = NumpyMLP(stacked.layers)(x.numpy())
     np.testing.assert_allclose(out[:, :stacked.split], logits.numpy(), **FP_REORDER)
     np.testing.assert_allclose(out[:, stacked.split:], value.numpy(), **FP_REORDER)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("rows", [1, BLOCK_SPLIT_MIN_ROWS - 1, BLOCK_SPLIT_MIN_ROWS, 64])
+def test_side_by_side_forward_matches_the_two_networks(activation: str, rows: int) -> None:
+    """One product per layer for a few rows, two half-width products for many: both are the two MLPs."""
+    torch.manual_seed(3)
+    actor, critic = mlp(4, [16, 12], 3, activation, 0.5), mlp(4, [16, 12], 1, activation, 1.0)
+    x = torch.randn(rows, 4)
+    out = NumpyMLP.side_by_side(actor, critic)(x.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(out[:, :3], actor(x).numpy(), **FP_REORDER)
+        np.testing.assert_allclose(out[:, 3:], critic(x).numpy(), **FP_REORDER)
+
+
+def test_side_by_side_forward_is_a_snapshot() -> None:
+    """PPO builds it once per rollout: later weight changes must not show through until it is rebuilt."""
+    torch.manual_seed(4)
+    actor, critic = mlp(4, [8, 8], 2, "tanh", 0.5), mlp(4, [8, 8], 1, "tanh", 1.0)
+    x = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
+    forward = NumpyMLP.side_by_side(actor, critic)
+    before = forward(x)
+    with torch.no_grad():
+        for p in [*actor.parameters(), *critic.parameters()]:
+            p.add_(1.0)
+    np.testing.assert_array_equal(forward(x), before)
+    assert not np.allclose(NumpyMLP.side_by_side(actor, critic)(x), before)
+
+
+def test_side_by_side_needs_one_layer_pattern() -> None:
+    with pytest.raises(ValueError, match="same layer pattern"):
+        NumpyMLP.side_by_side(mlp(4, [8, 8], 2, "tanh", 0.5), mlp(4, [8], 1, "tanh", 1.0))
 
 
 @settings(max_examples=25, deadline=None)

@@ -24,8 +24,41 @@ from .analytic import ACTIVATION_NAMES
 from .networks import MLP
 
 LOG_2PI = math.log(2 * math.pi)
-Layer = tuple[np.ndarray, np.ndarray] | str
-"""A linear layer as (weight transposed, bias), or an activation name ("tanh", "relu")."""
+BLOCK_SPLIT_MIN_ROWS = 16
+"""From this many rows a block-diagonal layer runs as two half-width products (half the
+arithmetic; measured 64 rows x 128 units: 9 us against 18 us for the full product), below
+it as one product (one call beats two)."""
+
+
+def _transposed_copy(weight: torch.Tensor) -> np.ndarray:
+    """A C-contiguous float32 copy of ``weight.T`` (never a view: a snapshot)."""
+    return np.array(weight.detach().numpy().T, dtype=np.float32, order="C")
+
+
+class BlockDiagonal:
+    """Two linear layers side by side: the first reads ``x[:, :split_in]``, the second the rest
+    (a block-diagonal weight). Contiguous copies of the weights: a snapshot."""
+
+    def __init__(self, first: nn.Linear, second: nn.Linear) -> None:
+        with torch.no_grad():
+            self.first_t, self.second_t = _transposed_copy(first.weight), _transposed_copy(second.weight)
+            self.full_t = _transposed_copy(torch.block_diag(first.weight, second.weight))
+            self.bias = torch.cat([first.bias, second.bias]).numpy()
+        self.split_in, self.split_out = self.first_t.shape
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[0] < BLOCK_SPLIT_MIN_ROWS:
+            out = x @ self.full_t
+        else:
+            out = np.empty((x.shape[0], self.bias.shape[0]), dtype=np.float32)
+            np.matmul(x[:, :self.split_in], self.first_t, out=out[:, :self.split_out])
+            np.matmul(x[:, self.split_in:], self.second_t, out=out[:, self.split_out:])
+        out += self.bias
+        return out
+
+
+Layer = tuple[np.ndarray, np.ndarray] | BlockDiagonal | str
+"""A linear layer as (weight transposed, bias) or a ``BlockDiagonal`` pair, or an activation name ("tanh", "relu")."""
 
 
 class NumpyBlasThreads:
@@ -87,6 +120,22 @@ class NumpyMLP:
         """The NumPy forward of ``mlp``'s live parameters."""
         return cls(list(mlp))
 
+    @classmethod
+    def side_by_side(cls, first: MLP, second: MLP) -> NumpyMLP:
+        """A snapshot of two MLPs of one layer pattern over the same input, as one forward whose
+        output is their outputs side by side: the first layers concatenated (one product), each
+        later pair a ``BlockDiagonal``. Build it again after the weights change."""
+        pairs = list(zip(first, second))
+        if len(first) != len(second) or any(type(a) is not type(b) for a, b in pairs):
+            raise ValueError("side_by_side needs two MLPs with the same layer pattern")
+        (a, b), rest = pairs[0], pairs[1:]
+        with torch.no_grad():
+            head = (_transposed_copy(torch.cat([a.weight, b.weight])), torch.cat([a.bias, b.bias]).numpy())
+        forward = cls.__new__(cls)
+        forward.layers = [head] + [BlockDiagonal(a, b) if isinstance(a, nn.Linear) else ACTIVATION_NAMES[type(a)]
+                                   for a, b in rest]
+        return forward
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """The output for a (rows, inputs) array (left unchanged; cast to float32 if it is not)."""
         x = np.asarray(x, dtype=np.float32)
@@ -95,6 +144,8 @@ class NumpyMLP:
                 np.tanh(x, out=x)
             elif layer == "relu":
                 np.maximum(x, 0.0, out=x)
+            elif isinstance(layer, BlockDiagonal):
+                x = layer(x)
             else:
                 weight_t, bias = layer
                 x = x @ weight_t  # a fresh array: the activations after it work in place
@@ -118,10 +169,12 @@ def sample_categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndar
     """``ppo.sample_action`` for logits in NumPy: the first action whose cumulative probability
     reaches ``uniform`` (one per row), and its log-probability (float32)."""
     shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    below = np.exp(log_probs).cumsum(-1) < uniform[:, None]
-    action = np.minimum(below.sum(-1), logits.shape[-1] - 1)
-    return action, np.take_along_axis(log_probs, action[:, None], -1)[:, 0]
+    scratch = np.exp(shifted)
+    log_probs = shifted - np.log(scratch.sum(-1, keepdims=True))
+    below = np.exp(log_probs, out=scratch).cumsum(-1) < uniform[:, None]
+    action = below.sum(-1)
+    np.minimum(action, logits.shape[-1] - 1, out=action)
+    return action, log_probs[np.arange(logits.shape[0]), action]
 
 
 def sample_gaussian(mean: np.ndarray, log_std: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
