@@ -166,6 +166,18 @@ def test_list_storage_holds_numpy_transitions() -> None:
     assert (item.action, item.reward) == (0, 2.5) and type(item.action) is int and type(item.reward) is float
 
 
+@pytest.mark.parametrize("kind", ["list", "tensor"])
+def test_replay_keeps_its_own_copy_of_what_it_stores(kind: str) -> None:
+    """Writers hand over views of the env's arrays (an env may reuse them): storing must copy."""
+    buffer = replay(kind, 10)
+    batch = transitions([1, 2])
+    buffer.add(batch)
+    before = buffer.sample(16)
+    for field in (batch.obs, batch.next_obs, batch.rewards, batch.bootstrap):
+        field[...] = -7
+    assert_samples_equal(buffer.gather(before.indices, before.weights), before)
+
+
 # --------------------------------------------------------------------------- prioritized replay
 
 def prioritized(capacity: int, priorities: list[float], alpha: float = 1.0, seed: int = 0) -> ReplayBuffer:

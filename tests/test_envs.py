@@ -80,6 +80,39 @@ def test_serial_sync_async_give_identical_trajectories_on_acrobot() -> None:
             np.testing.assert_array_equal(runs[mode][key], runs["sync"][key], err_msg=f"{mode} {key}")
 
 
+def _dict_observation_cartpole() -> gym.Env:
+    """CartPole whose observation is a Dict (a composite space: gymnasium's batching path)."""
+    inner = gym.make("CartPole-v1")
+    space = gym.spaces.Dict({"position": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+                             "velocity": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)})
+    return gym.wrappers.TransformObservation(inner, lambda o: {"position": o[[0, 2]], "velocity": o[[1, 3]]}, space)
+
+
+@pytest.mark.parametrize(("make_one", "actions"), [
+    (lambda: gym.make("Pendulum-v1"), lambda rng, n: rng.uniform(-2, 2, size=(n, 1)).astype(np.float32)),
+    (_dict_observation_cartpole, lambda rng, n: rng.integers(0, 2, size=n)),
+], ids=["box-actions", "dict-observations"])
+def test_serial_matches_gymnasiums_sync_env_on_box_actions_and_composite_observations(make_one, actions) -> None:  # noqa: ANN001
+    """The serial backend's array fast paths (direct action indexing, one np.stack) and its
+    composite-space path (gymnasium's iterate/concatenate) step exactly like SyncVectorEnv."""
+    num_envs, rng = 3, np.random.default_rng(0)
+    serial = SerialVectorEnv([make_one] * num_envs)
+    sync = gym.vector.SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
+    try:
+        got, want = serial.reset(seed=5)[0], sync.reset(seed=5)[0]
+        for step in range(250):
+            batch = actions(rng, num_envs)
+            got_step, want_step = serial.step(batch), sync.step(batch)
+            for a, b in zip(got_step[:4], want_step[:4]):  # obs, reward, terminated, truncated
+                leaves_a, leaves_b = (list(x.values()) if isinstance(x, dict) else [x] for x in (a, b))
+                for leaf_a, leaf_b in zip(leaves_a, leaves_b, strict=True):
+                    np.testing.assert_array_equal(leaf_a, leaf_b, err_msg=f"step {step}")
+                    assert leaf_a.dtype == leaf_b.dtype
+    finally:
+        serial.close()
+        sync.close()
+
+
 @pytest.mark.parametrize("mode", VECTORIZATION_MODES)
 def test_all_backends_use_next_step_autoreset_with_zero_reward_reset_step(mode: str) -> None:
     if mode == "envpool":

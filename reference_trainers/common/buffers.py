@@ -58,9 +58,10 @@ class ListStorage:
         self.items: list[Transition] = []
 
     def write(self, start: int, batch: TransitionBatch) -> None:
+        """Stores copies of the observations (a batch may view arrays the env hands out again)."""
         for i, row in enumerate(zip(*batch)):
             position = (start + i) % self.capacity
-            item = Transition(row[0], int(row[1]), float(row[2]), row[3], float(row[4]))
+            item = Transition(row[0].copy(), int(row[1]), float(row[2]), row[3].copy(), float(row[4]))
             if position == len(self.items):
                 self.items.append(item)
             else:
@@ -111,6 +112,15 @@ class TensorStorage:
         self.host_rows = self.rows.numpy() if self.rows.device.type == "cpu" else None
 
     def write(self, start: int, batch: TransitionBatch) -> None:
+        count, d, store = len(batch), self.obs_dim, self.host_rows
+        if store is not None and start + count <= self.capacity:  # CPU: each field straight into its columns
+            rows = store[start:start + count]
+            rows[:, :d] = batch.obs.reshape(count, d)
+            rows[:, d:2 * d] = batch.next_obs.reshape(count, d)
+            rows[:, 2 * d] = batch.rewards
+            rows[:, 2 * d + 1] = batch.bootstrap
+            rows[:, 2 * d + 2] = batch.actions  # actions as float32: exact for any index below 2**24
+            return
         # actions travel as float32: exact for any action index below 2**24
         packed = np.concatenate([batch.obs, batch.next_obs, batch.rewards[:, None], batch.bootstrap[:, None],
                                  batch.actions[:, None].astype(np.float32)], axis=1)

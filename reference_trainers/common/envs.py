@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector import AutoresetMode
+from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from . import atari, envpool_env, partial_obs
@@ -241,6 +242,10 @@ def frames_in_step(info: dict[str, Any], num_envs: int) -> int:
     return int(counts.sum())
 
 
+ARRAY_SPACES = (Box, Discrete, MultiBinary, MultiDiscrete)
+"""Spaces whose samples are NumPy arrays (or scalars), batched along a new first axis."""
+
+
 class SerialVectorEnv(gym.vector.VectorEnv):
     """A Python list of single envs stepped one at a time, with SyncVectorEnv's NEXT_STEP semantics.
 
@@ -262,10 +267,23 @@ class SerialVectorEnv(gym.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
+        # array spaces (Box, Discrete, ...) batch as one np.stack and index actions directly;
+        # composite ones (Dict, Tuple) go through gymnasium's space utilities
+        self._array_observations = isinstance(self.single_observation_space, ARRAY_SPACES)
+        self._array_actions = isinstance(self.single_action_space, ARRAY_SPACES)
 
     def _batch(self, observations: list[Any]) -> Any:
-        out = create_empty_array(self.single_observation_space, n=self.num_envs, fn=np.zeros)
-        return concatenate(self.single_observation_space, observations, out)
+        space = self.single_observation_space
+        if self._array_observations:  # what concatenate does for them, without its dispatch
+            out = np.empty((self.num_envs, *space.shape), dtype=space.dtype)
+            return np.stack(observations, axis=0, out=out)
+        return concatenate(space, observations, create_empty_array(space, n=self.num_envs, fn=np.zeros))
+
+    def _per_env_actions(self, actions: Any) -> Any:
+        """Sub-env ``i``'s action is ``actions[i]`` for an array batch, else gymnasium's ``iterate``."""
+        if self._array_actions and isinstance(actions, np.ndarray):
+            return actions
+        return list(iterate(self.action_space, actions))
 
     def reset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
@@ -291,13 +309,14 @@ class SerialVectorEnv(gym.vector.VectorEnv):
         terminated = np.zeros(self.num_envs, dtype=np.bool_)
         truncated = np.zeros(self.num_envs, dtype=np.bool_)
         observations, infos = [], {}
-        for i, (env, action) in enumerate(zip(self.envs, iterate(self.action_space, actions))):
+        for i, (env, action) in enumerate(zip(self.envs, self._per_env_actions(actions))):
             if self._needs_reset[i]:
                 obs, info = env.reset()
             else:
                 obs, rewards[i], terminated[i], truncated[i], info = env.step(action)
             observations.append(obs)
-            infos = self._add_info(infos, info, i)
+            if info:
+                infos = self._add_info(infos, info, i)
         self._needs_reset = terminated | truncated
         return self._batch(observations), rewards, terminated, truncated, infos
 

@@ -49,6 +49,11 @@ class OneStepWriter:
 
     def push(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
              terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray) -> TransitionBatch:
+        """This step's transitions; the batch may view the arrays given (replay copies what it stores)."""
+        if valid.all():  # no reset step among them: every row as it is
+            bootstrap = np.where(terminated, np.float32(0.0), self.gamma).astype(np.float32, copy=False)
+            return TransitionBatch(_observations(obs), np.asarray(actions, dtype=np.int64), _float32(rewards),
+                                   _observations(next_obs), bootstrap)
         keep = np.flatnonzero(valid)
         bootstrap = np.where(terminated[keep], np.float32(0.0), self.gamma).astype(np.float32)
         return TransitionBatch(_observations(obs)[keep], np.asarray(actions, dtype=np.int64)[keep],
