@@ -86,27 +86,28 @@ class DQNTrainer(ValueTrainer):
 
     def analytic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                       bootstrap: torch.Tensor, weights: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                      ) -> tuple[torch.Tensor, ...]:
         """``analytic_grads``: ``loss`` with the Q-network's gradients set by hand (no autograd graph):
         the Huber loss's gradient is the TD error clamped to [-1, 1], per sample, over the batch
         (times the importance weights under PER), at the taken action; ``analytic.mlp_backward``
-        carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``)."""
+        carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``),
+        clipping included, and the gradient norm comes back as a third value."""
         with torch.no_grad():
-            if self.analytic_step is not None:
-                loss, stats, flat = self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights)
+            if self.analytic_step is not None:  # clipped inside the compiled step
+                loss, stats, flat, grad_norm = self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights)
                 self.learner.flat_grad.copy_(flat)
-                return loss, stats
+                return loss, stats, grad_norm
             saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
             analytic.mlp_backward(saved, grad_q)
         return loss, stats
 
     def analytic_grads(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                        bootstrap: torch.Tensor, weights: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, every gradient
-        as one flat vector in the Q-network's parameter order)."""
+        as one flat vector in the Q-network's parameter order, clipped, and their norm)."""
         saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
-        return loss, stats, torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)])
+        return loss, stats, *self.learner.clipped(torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)]))
 
     def _td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                      bootstrap: torch.Tensor, weights: torch.Tensor | None):  # noqa: ANN202 - a tuple of four

@@ -513,16 +513,17 @@ class PPOTrainer(Checkpointable):
 
     def _minibatch_analytic(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
                             advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-                            mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                            mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``analytic_grads``: the PPO loss of one minibatch, with every parameter's gradient set by
         hand (no autograd graph); the learner adds clipping and the step. Under
-        ``compile_train_step`` the whole of it runs compiled (``_analytic_grads``)."""
+        ``compile_train_step`` the whole of it runs compiled (``_analytic_grads``), clipping
+        included, and the gradient norm comes back as a third value."""
         batch = (obs, actions, old_logprob, advantages, returns, old_value, mask)
         with torch.no_grad():
-            if self.analytic_step is not None:
-                loss, stats, flat = self.analytic_step(*batch)
+            if self.analytic_step is not None:  # clipped inside the compiled step
+                loss, stats, flat, grad_norm = self.analytic_step(*batch)
                 self.learner.flat_grad.copy_(flat)
-                return loss, stats
+                return loss, stats, grad_norm
             logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
             value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
             loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])
@@ -531,14 +532,14 @@ class PPOTrainer(Checkpointable):
         return loss, stats
 
     def _analytic_grads(self, obs: torch.Tensor, *rest: torch.Tensor
-                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``_minibatch_analytic`` as a pure function for ``torch.compile``: (loss, stats, every
-        gradient as one flat vector in the learner's parameter order)."""
+        gradient as one flat vector in the learner's parameter order, clipped, and their norm)."""
         logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
         value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
         loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
         grads = analytic.mlp_grads(actor_saved, grad_logits) + analytic.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
-        return loss, stats, torch.cat([grads[i].reshape(-1) for i in self.grad_order])
+        return loss, stats, *self.learner.clipped(torch.cat([grads[i].reshape(-1) for i in self.grad_order]))
 
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo

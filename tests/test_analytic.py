@@ -143,6 +143,44 @@ def test_analytic_grads_write_into_one_flat_buffer_that_clipping_scales(max_grad
         plain.close()
 
 
+@pytest.mark.parametrize("max_grad_norm", [0.5, None])
+def test_learner_clipped_is_the_in_place_clipping_as_a_pure_function(max_grad_norm: float | None) -> None:
+    t = trainer("optimizations.analytic_grads=true")
+    try:
+        t.learner.max_grad_norm = max_grad_norm
+        flat = torch.randn(t.learner.flat_grad.numel())
+        clipped, norm = t.learner.clipped(flat)
+        assert norm == torch.linalg.vector_norm(flat)
+        expected = flat * min(1.0, 0.5 / (float(norm) + 1e-6)) if max_grad_norm else flat
+        torch.testing.assert_close(clipped, expected)
+    finally:
+        t.close()
+
+
+@pytest.mark.slow  # inductor compiles: seconds with a warm cache
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_compiled_hand_written_step_clips_inside_its_graph(compiled: bool) -> None:
+    """Under compile_train_step the clipping is part of the compiled step: the loss closure hands
+    the learner the norm (it neither recomputes it nor scales the buffer again), and the update
+    still sees clipped gradients; eagerly the learner clips."""
+    t = trainer("optimizations.analytic_grads=true", f"optimizations.compile_train_step={str(compiled).lower()}",
+                "stability.max_grad_norm=1e-4")
+    batches: list[tuple[torch.Tensor, ...]] = []
+    step = t.learner.step
+    t.learner.step = lambda *batch: batches.append(batch) or step(*batch)  # type: ignore[method-assign]
+    try:
+        t.iterate()
+        assert not t.compile_fallback
+        assert float(torch.linalg.vector_norm(t.learner.flat_grad)) == pytest.approx(1e-4, rel=1e-3)
+        returned = t.learner.loss(*batches[0])
+        assert len(returned) == (3 if compiled else 2)
+        if compiled:
+            assert float(returned[2]) > 1e-4  # the norm before clipping
+            assert float(torch.linalg.vector_norm(t.learner.flat_grad)) == pytest.approx(1e-4, rel=1e-3)
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("extra", [[], ["dqn.double_q=true"], ["dqn.prioritized_replay=true"], ["dqn.n_step=3"],
                                    ["model.activation=tanh"]])
 def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch, extra: list[str]) -> None:

@@ -30,9 +30,11 @@ from .stats import make_stats
 
 log = logging.getLogger("rlgauge")
 
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+LossFn = Callable[..., tuple[torch.Tensor, ...]]
 """``loss(*batch) -> (scalar loss, stats)``: 0-d stats are logged; other tensors (e.g.
-per-sample TD errors for replay priorities) are handed back to the caller of ``step``."""
+per-sample TD errors for replay priorities) are handed back to the caller of ``step``.
+A closure that sets the gradients (``sets_grads``) may also clip them itself, inside its own
+compiled step (``Learner.clipped``), and return ``(loss, stats, gradient norm)``."""
 
 
 class NonFiniteError(RuntimeError):
@@ -126,14 +128,16 @@ class Learner:
         """Forward, loss, backward and gradient clipping for one minibatch (the train-step closure)."""
         if self.flat_grad is None:
             self.optimizer.zero_grad(set_to_none=True)
-        loss, stats = self.loss(*batch)
+        loss, stats, *clipped_norm = self.loss(*batch)
+        if clipped_norm:  # the closure clipped the flat gradients itself (``clipped``)
+            return loss.detach(), stats, clipped_norm[0]
         if not self.sets_grads:
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.optimizer)
         if self.flat_grad is not None:  # every gradient overwritten in place: no zeroing, one norm
             grad_norm = torch.linalg.vector_norm(self.flat_grad)
             if self.max_grad_norm is not None:
-                self.flat_grad.mul_((self.max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0))
+                self.flat_grad.mul_(self._clip_scale(grad_norm))
             return loss.detach(), stats, grad_norm
         params = self.params
         if self.max_grad_norm is not None:
@@ -141,6 +145,16 @@ class Learner:
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         return loss.detach(), stats, grad_norm
+
+    def _clip_scale(self, grad_norm: torch.Tensor) -> torch.Tensor:
+        """The factor that brings gradients of norm ``grad_norm`` within ``max_grad_norm``."""
+        return (self.max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0)
+
+    def clipped(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``flat`` gradients clipped to ``stability.max_grad_norm`` (if set), and their norm before:
+        a pure function, for a hand-written step that clips inside its compiled graph."""
+        grad_norm = torch.linalg.vector_norm(flat)
+        return (flat if self.max_grad_norm is None else flat * self._clip_scale(grad_norm)), grad_norm
 
     def _graphed_step(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Loss, grads and the optimiser step in one function, for CUDA graph capture."""

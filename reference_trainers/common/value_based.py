@@ -151,8 +151,10 @@ class ValueTrainer(Checkpointable):
         raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
                           "accepted: false or auto")
 
-    def analytic_grads(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, flat gradients)."""
+    def analytic_grads(self, *batch: torch.Tensor
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, flat gradients
+        clipped by ``Learner.clipped``, their norm)."""
         raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
                           "accepted: false or auto")
 
