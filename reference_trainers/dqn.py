@@ -107,7 +107,9 @@ class DQNTrainer(ValueTrainer):
         """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, every gradient
         as one flat vector in the Q-network's parameter order, clipped, and their norm)."""
         saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
-        return loss, stats, *self.learner.clipped(torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)]))
+        flat = torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)])
+        flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
+        return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
 
     def _td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                      bootstrap: torch.Tensor, weights: torch.Tensor | None):  # noqa: ANN202 - a tuple of four

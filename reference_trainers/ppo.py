@@ -539,7 +539,9 @@ class PPOTrainer(Checkpointable):
         value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
         loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
         grads = analytic.mlp_grads(actor_saved, grad_logits) + analytic.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
-        return loss, stats, *self.learner.clipped(torch.cat([grads[i].reshape(-1) for i in self.grad_order]))
+        flat = torch.cat([grads[i].reshape(-1) for i in self.grad_order])
+        flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
+        return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
 
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo

@@ -149,7 +149,8 @@ def test_learner_clipped_is_the_in_place_clipping_as_a_pure_function(max_grad_no
     try:
         t.learner.max_grad_norm = max_grad_norm
         flat = torch.randn(t.learner.flat_grad.numel())
-        clipped, norm = t.learner.clipped(flat)
+        clipped, norm, nonfinite = t.learner.clipped(flat, torch.tensor(1.0))
+        assert nonfinite == 0.0 and t.learner.clipped(flat, torch.tensor(float("nan")))[2] == 1.0
         assert norm == torch.linalg.vector_norm(flat)
         expected = flat * min(1.0, 0.5 / (float(norm) + 1e-6)) if max_grad_norm else flat
         torch.testing.assert_close(clipped, expected)
@@ -174,9 +175,39 @@ def test_the_compiled_hand_written_step_clips_inside_its_graph(compiled: bool) -
         assert float(torch.linalg.vector_norm(t.learner.flat_grad)) == pytest.approx(1e-4, rel=1e-3)
         returned = t.learner.loss(*batches[0])
         assert len(returned) == (3 if compiled else 2)
+        assert ("nonfinite" in returned[1]) is compiled  # else the learner checks finiteness itself
         if compiled:
             assert float(returned[2]) > 1e-4  # the norm before clipping
             assert float(torch.linalg.vector_norm(t.learner.flat_grad)) == pytest.approx(1e-4, rel=1e-3)
+    finally:
+        t.close()
+
+
+@pytest.mark.slow  # inductor compiles: seconds with a warm cache
+@pytest.mark.parametrize("policy", ["raise", "skip_update", "warn"])
+def test_the_compiled_hand_written_step_reports_nonfinite_updates_to_every_nan_policy(policy: str) -> None:
+    """The non-finite flag computed inside the compiled step drives ``stability.nan_policy`` as
+    the learner's own check does: raise, skip (parameters kept), or count and go on."""
+    from reference_trainers.common.learner import NonFiniteError
+    from value_trainers import snapshot
+
+    t = trainer("optimizations.analytic_grads=true", "optimizations.compile_train_step=true",
+                f"stability.nan_policy={policy}")
+    try:
+        with torch.no_grad():
+            t.model.critic[-1].bias.fill_(float("nan"))  # values -> advantages -> loss are NaN
+        before = snapshot(t.model)
+        if policy == "raise":
+            with pytest.raises(NonFiniteError, match="nan_policy=raise"):
+                t.iterate()
+        else:
+            result = t.iterate()
+            assert t.nonfinite_events == result.updates > 0
+            if policy == "skip_update":
+                after = snapshot(t.model)
+                for name in before:
+                    torch.testing.assert_close(after[name], before[name], rtol=0, atol=0, equal_nan=True)
+        assert not t.compile_fallback
     finally:
         t.close()
 

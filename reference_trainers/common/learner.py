@@ -150,11 +150,13 @@ class Learner:
         """The factor that brings gradients of norm ``grad_norm`` within ``max_grad_norm``."""
         return (self.max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0)
 
-    def clipped(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``flat`` gradients clipped to ``stability.max_grad_norm`` (if set), and their norm before:
-        a pure function, for a hand-written step that clips inside its compiled graph."""
+    def clipped(self, flat: torch.Tensor, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``flat`` gradients clipped to ``stability.max_grad_norm`` (if set), their norm before, and
+        ``nonfinite`` (1.0 if the loss or the norm is NaN/Inf): a pure function, for a hand-written
+        step that clips inside its compiled graph and reports ``nonfinite`` among its stats."""
         grad_norm = torch.linalg.vector_norm(flat)
-        return (flat if self.max_grad_norm is None else flat * self._clip_scale(grad_norm)), grad_norm
+        nonfinite = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()
+        return (flat if self.max_grad_norm is None else flat * self._clip_scale(grad_norm)), grad_norm, nonfinite
 
     def _graphed_step(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Loss, grads and the optimiser step in one function, for CUDA graph capture."""
@@ -171,7 +173,7 @@ class Learner:
             self._finite_ok(loss, grad_norm)
         else:
             loss, stats, grad_norm = self.loss_and_grads(*batch)
-            if self._finite_ok(loss, grad_norm):
+            if self._finite_ok(loss, grad_norm, stats.pop("nonfinite", None)):
                 if self.direct_step is not None:
                     self.direct_step()
                 else:
@@ -182,22 +184,26 @@ class Learner:
                 self.stats.add(name, value)
         return stats
 
-    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, nonfinite: torch.Tensor | None = None) -> bool:
         """Apply ``stability.nan_policy``; True if the optimiser step should run.
 
         ``skip_update`` decides per update (one host sync); ``raise``/``warn`` record the
         flag in the statistics, checked by ``flush`` at the end of the iteration (no extra
         sync). With float16 AMP, gradient overflow is the GradScaler's business: only the
-        loss counts.
+        loss counts. ``nonfinite``: the flag as a compiled step computed it (``clipped``).
         """
-        finite = torch.isfinite(loss) if self.scaler.is_enabled() else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        if nonfinite is None:
+            finite = torch.isfinite(loss)
+            if not self.scaler.is_enabled():
+                finite = finite & torch.isfinite(grad_norm)
+            nonfinite = (~finite).float()
         if self.nan_policy == "skip_update":
-            if not bool(finite):
+            if bool(nonfinite):
                 self.nonfinite_events += 1
                 log.warning("non-finite loss or gradient: update skipped (stability.nan_policy=skip_update)")
                 return False
             return True
-        self.stats.add("nonfinite", (~finite).float())
+        self.stats.add("nonfinite", nonfinite)
         return True
 
     # ----------------------------------------------------------------- checkpoints
