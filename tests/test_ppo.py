@@ -439,6 +439,27 @@ def test_sync_free_stats_add_never_syncs_and_flush_copies_to_host_once(monkeypat
     assert stats.flush() == {"loss": 4.0, "kl": 1.0}
 
 
+def test_sync_free_stats_add_all_is_one_add_per_step_and_merges_with_add() -> None:
+    """A step's statistics go in as one stacked add; flush still copies once and means per name."""
+    plain, fast = ItemStats(), SyncFreeStats(torch.device("cpu"))
+    steps = [{"loss": torch.tensor(float(i)), "kl": torch.tensor(0.5 * i)} for i in range(4)]
+    for stats in (plain, fast):
+        for step in steps:
+            stats.add_all(step)
+        stats.add("loss", torch.tensor(10.0))  # the same name through add: merged
+    with count_tensor_calls("add_") as calls:
+        fast.add_all(steps[0])
+    assert calls["add_"] == 1
+    plain.add_all(steps[0])
+    with count_tensor_calls(*SYNC_METHODS) as flush_calls:
+        means = fast.flush()
+    assert flush_calls["cpu"] == 1
+    assert means == pytest.approx({"loss": 16 / 6, "kl": 3 / 5}, rel=1e-6)
+    assert plain.flush() == pytest.approx(means, rel=1e-6)
+    fast.add_all({"kl": torch.tensor(2.0)})
+    assert fast.flush() == {"kl": 2.0}  # only what came since the last flush
+
+
 def test_sync_free_stats_flush_reports_only_names_added_since_last_flush() -> None:
     plain, fast = ItemStats(), SyncFreeStats(torch.device("cpu"))
     for stats in (plain, fast):

@@ -179,9 +179,7 @@ class Learner:
                 else:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
-        for name, value in stats.items():
-            if value.ndim == 0:
-                self.stats.add(name, value)
+        self.stats.add_all({name: value for name, value in stats.items() if value.ndim == 0})
         return stats
 
     def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, nonfinite: torch.Tensor | None = None) -> bool:

@@ -18,6 +18,11 @@ class ItemStats:
         self._sums[name] += value.detach().float().item()
         self._counts[name] += 1
 
+    def add_all(self, values: dict[str, torch.Tensor]) -> None:
+        """``add`` each of several values (one sync each)."""
+        for name, value in values.items():
+            self.add(name, value)
+
     def flush(self) -> dict[str, float]:
         """Means since the last flush."""
         means = {k: self._sums[k] / self._counts[k] for k in self._sums}
@@ -32,6 +37,7 @@ class SyncFreeStats:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._sums: dict[str, torch.Tensor] = {}
+        self._groups: dict[tuple[str, ...], torch.Tensor] = {}  # add_all's accumulators, one per set of names
         self._counts: dict[str, int] = defaultdict(int)
 
     def add(self, name: str, value: torch.Tensor) -> None:
@@ -41,13 +47,31 @@ class SyncFreeStats:
         total.add_(value.detach().float())
         self._counts[name] += 1
 
+    def add_all(self, values: dict[str, torch.Tensor]) -> None:
+        """Several 0-d values at once (a step's statistics): one stack and one in-place add."""
+        names = tuple(values)
+        if not names:
+            return
+        with torch.no_grad():
+            stacked = torch.stack(list(values.values()))
+        total = self._groups.get(names)
+        if total is None:
+            total = self._groups[names] = torch.zeros(len(names), dtype=torch.float32, device=self.device)
+        total.add_(stacked)
+        for name in names:
+            self._counts[name] += 1
+
     def flush(self) -> dict[str, float]:
-        names = [n for n in self._sums if self._counts[n]]
+        names = [n for n in self._counts if self._counts[n]]
         if not names:
             return {}
-        values = torch.stack([self._sums[n] for n in names]).cpu().tolist()  # the one sync
-        means = {n: v / self._counts[n] for n, v in zip(names, values)}
-        for total in self._sums.values():
+        labels = list(self._sums) + [n for group in self._groups for n in group]
+        vectors = ([torch.stack(list(self._sums.values()))] if self._sums else []) + list(self._groups.values())
+        totals: dict[str, float] = defaultdict(float)
+        for label, value in zip(labels, torch.cat(vectors).cpu().tolist()):  # the one sync
+            totals[label] += value
+        means = {n: totals[n] / self._counts[n] for n in names}
+        for total in [*self._sums.values(), *self._groups.values()]:
             total.zero_()
         self._counts.clear()
         return means
