@@ -428,7 +428,7 @@ class PPOTrainer(Checkpointable):
 
     def _env_actions(self, host_actions: np.ndarray) -> np.ndarray:
         if self.discrete:
-            return host_actions.astype(np.int64)
+            return host_actions.astype(np.int64, copy=False)
         return np.clip(host_actions, self.action_low, self.action_high)
 
     # ----------------------------------------------------------------- collect

@@ -416,17 +416,19 @@ class EpisodeTracker:
             self._lengths += 1
             return []
         live = ~self._resetting
-        self._returns[live] += rewards[live]
-        self._lengths[live] += 1
+        np.add(self._returns, rewards, out=self._returns, where=live)
+        self._lengths += live
         ended = done & live
-        finished = [float(r) for r in self._returns[ended]]
+        self._resetting = ended
+        self._any_resetting = bool(ended.any())
+        if not self._any_resetting:
+            return []
+        finished = self._returns[ended].tolist()
         self._recent_returns.extend(finished)
-        self._recent_lengths.extend(int(n) for n in self._lengths[ended])
+        self._recent_lengths.extend(self._lengths[ended].tolist())
         self._completed += len(finished)
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
-        self._resetting = ended
-        self._any_resetting = bool(ended.any())
         return finished
 
     def state_dict(self) -> dict[str, Any]:
