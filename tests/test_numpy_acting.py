@@ -30,11 +30,12 @@ PPO_OFF = ["optimizations.batch_inference=true", "optimizations.lean_rollout=tru
 
 # --------------------------------------------------------------------------- the NumPy pieces
 
+@pytest.mark.parametrize("rows", [1, 7], ids=["one-row-as-vectors", "rows"])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-def test_numpy_mlp_matches_the_torch_forward(activation: str) -> None:
+def test_numpy_mlp_matches_the_torch_forward(activation: str, rows: int) -> None:
     torch.manual_seed(0)
     net = mlp(5, [32, 16], 3, activation, out_std=1.0)
-    x = torch.randn(7, 5)
+    x = torch.randn(rows, 5)
     expected = net(x).detach().numpy()
     host_input = x.numpy().copy()
     got = NumpyMLP.of(net)(host_input)
