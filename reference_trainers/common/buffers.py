@@ -140,7 +140,7 @@ class TensorStorage:
         self.rows.copy_(state["rows"])
 
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        rows, d = self.rows[indices], self.obs_dim
+        rows, d = self.rows.index_select(0, indices), self.obs_dim
         return (rows[:, :d], rows[:, 2 * d + 2].long(), rows[:, 2 * d], rows[:, d:2 * d], rows[:, 2 * d + 1])
 
 
@@ -171,8 +171,9 @@ class FrameStorage:
                 store[:len(batch) - first] = rows[first:]
 
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        scalars = self.scalars[indices]
-        return (self.obs[indices], scalars[:, 2].long(), scalars[:, 0], self.next_obs[indices], scalars[:, 1])
+        scalars = self.scalars.index_select(0, indices)
+        obs, next_obs = self.obs.index_select(0, indices), self.next_obs.index_select(0, indices)
+        return (obs, scalars[:, 2].long(), scalars[:, 0], next_obs, scalars[:, 1])
 
 
 class UniformSampler:
