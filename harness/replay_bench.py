@@ -93,7 +93,6 @@ def measure_replay(kinds: tuple[str, ...] = KINDS, capacities: tuple[int, ...] =
             for batch_size in batch_sizes:
                 samples = _rate(lambda: buffer.sample(batch_size), 1, target, repeats, min_seconds)
                 results.append(ReplayRates(kind, capacity, batch_size, inserts, samples))
-            del buffer
     return results
 
 

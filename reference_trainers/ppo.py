@@ -30,7 +30,7 @@ from .common.networks import ActorCritic, StackedMLPs
 from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
-from .common.speedups import CompiledOrEager, HostToDevice
+from .common.speedups import CompiledOrEager, HostToDevice, hand_written_step
 from .common.trainer import IterationResult, train_from_command_line
 from .common.trainer_state import Checkpointable
 
@@ -279,7 +279,7 @@ class PPOTrainer(Checkpointable):
         if self.analytic and o.compile_train_step:
             networks = list(self.model.actor.parameters()) + list(self.model.critic.parameters())
             self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
-            self.analytic_step = CompiledOrEager(self._analytic_grads, "train_step", dynamic=False)
+            self.analytic_step = hand_written_step(self._analytic_grads, self.device)
         self.numpy_acting = bool(o.numpy_acting)
         self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
                     else self._act_per_env)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import TINY
 from harness.ablate import arm_specs, flag_effects, markdown_table, parse_expectations, plan_ablation, verdict

@@ -12,12 +12,11 @@ import hashlib
 import io
 import json
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st

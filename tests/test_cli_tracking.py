@@ -9,12 +9,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import torch
 
 from conftest import TINY
 from harness.cli import main

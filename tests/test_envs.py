@@ -100,6 +100,8 @@ def test_serial_matches_gymnasiums_sync_env_on_box_actions_and_composite_observa
     sync = gym.vector.SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
     try:
         got, want = serial.reset(seed=5)[0], sync.reset(seed=5)[0]
+        for leaf_a, leaf_b in zip(*(list(x.values()) if isinstance(x, dict) else [x] for x in (got, want))):
+            np.testing.assert_array_equal(leaf_a, leaf_b)
         for step in range(250):
             batch = actions(rng, num_envs)
             got_step, want_step = serial.step(batch), sync.step(batch)

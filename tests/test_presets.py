@@ -12,7 +12,6 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
-import torch
 import yaml
 
 from conftest import TINY

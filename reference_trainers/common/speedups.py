@@ -1,6 +1,7 @@
 """One small helper per optimisation, each with its plain path beside it.
 
 compile_or_eager   torch.compile with a logged, recorded eager fallback
+hand_written_step  compiling a hand-written train step: on the CPU behind inductor's C++ wrapper
 make_adam          forloop / foreach / fused Adam
 FusedAdamStep      the fused Adam kernel called directly, without the optimiser's per-step bookkeeping
 clip_grad_norm     per-tensor norms (torch.nn.utils), or multi-tensor foreach kernels
@@ -32,6 +33,7 @@ class CompiledOrEager:
     def __init__(self, fn: Callable[..., Any], name: str, **compile_kwargs: Any) -> None:
         self.eager = fn
         self.name = name
+        self.compile_kwargs = compile_kwargs
         self.fell_back = False
         self.reason = ""
         try:
@@ -53,6 +55,15 @@ class CompiledOrEager:
         except Exception as exc:
             self._fall_back(exc)
             return self.eager(*args, **kwargs)
+
+
+def hand_written_step(fn: Callable[..., Any], device: torch.device) -> CompiledOrEager:
+    """``fn`` (a train step with no autograd in it, fixed shapes) compiled as ``train_step``; on
+    the CPU its kernels are called from a C++ wrapper instead of inductor's Python one: measured
+    on a 2-core CPU, a PPO minibatch step 306 vs 378 us at 128 rows and 1179 vs 1250 us at 2048,
+    a DQN update 297 vs 344 us, for about ten seconds more compile time, once."""
+    options = {"cpp_wrapper": True} if device.type == "cpu" else {}
+    return CompiledOrEager(fn, "train_step", dynamic=False, options=options)
 
 
 def make_adam(params: Iterable[torch.nn.Parameter], lr: float | torch.Tensor, eps: float, impl: str,

@@ -37,7 +37,7 @@ from .numpy_acting import NumpyMLP, chunk_rows, in_chunks
 from .prefetch import Prefetcher
 from .probe import NullProbe, Probe
 from .resolve import Resolution, resolve_config
-from .speedups import CompiledOrEager, HostToDevice
+from .speedups import HostToDevice, hand_written_step
 from .trainer import IterationResult
 
 
@@ -99,7 +99,7 @@ class ValueTrainer(Checkpointable):
         self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
         # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
-        self.analytic_step = (CompiledOrEager(self.analytic_grads, "train_step", dynamic=False)
+        self.analytic_step = (hand_written_step(self.analytic_grads, self.device)
                               if o.analytic_grads and o.compile_train_step else None)
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
                                       uint8=bool(o.uint8_transfer))
