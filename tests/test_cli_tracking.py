@@ -140,6 +140,7 @@ def _planted(*argv: str, factor: float, variant: str = "optimized") -> subproces
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # three timed runs compared with each other: another test worker's load shifts them apart
 def test_gate_run_flags_a_slowdown_planted_in_the_optimized_variant_and_passes_without_it() -> None:
     """The optimized variant made 2x slower in a subprocess: its speedup halves and the gate fails."""
     common = ["gate", "--run", "ppo-cartpole", "--device", "cpu", "--steps", "4096", "--repeats", "5",
