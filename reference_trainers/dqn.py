@@ -94,9 +94,7 @@ class DQNTrainer(ValueTrainer):
         clipping included, and the gradient norm comes back as a third value."""
         with torch.no_grad():
             if self.analytic_step is not None:  # clipped inside the compiled step
-                loss, stats, flat, grad_norm = self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights)
-                self.learner.flat_grad.copy_(flat)
-                return loss, stats, grad_norm
+                return self.learner.adopt(*self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights))
             saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
             analytic.mlp_backward(saved, grad_q)
         return loss, stats

@@ -521,9 +521,7 @@ class PPOTrainer(Checkpointable):
         batch = (obs, actions, old_logprob, advantages, returns, old_value, mask)
         with torch.no_grad():
             if self.analytic_step is not None:  # clipped inside the compiled step
-                loss, stats, flat, grad_norm = self.analytic_step(*batch)
-                self.learner.flat_grad.copy_(flat)
-                return loss, stats, grad_norm
+                return self.learner.adopt(*self.analytic_step(*batch))
             logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
             value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
             loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])

@@ -112,6 +112,7 @@ class TensorStorage:
         self.host_rows = self.rows.numpy() if self.rows.device.type == "cpu" else None
 
     def write(self, start: int, batch: TransitionBatch) -> None:
+        # actions are stored as float32: exact for any action index below 2**24
         count, d, store = len(batch), self.obs_dim, self.host_rows
         if store is not None and start + count <= self.capacity:  # CPU: each field straight into its columns
             rows = store[start:start + count]
@@ -119,9 +120,8 @@ class TensorStorage:
             rows[:, d:2 * d] = batch.next_obs.reshape(count, d)
             rows[:, 2 * d] = batch.rewards
             rows[:, 2 * d + 1] = batch.bootstrap
-            rows[:, 2 * d + 2] = batch.actions  # actions as float32: exact for any index below 2**24
+            rows[:, 2 * d + 2] = batch.actions
             return
-        # actions travel as float32: exact for any action index below 2**24
         packed = np.concatenate([batch.obs, batch.next_obs, batch.rewards[:, None], batch.bootstrap[:, None],
                                  batch.actions[:, None].astype(np.float32)], axis=1)
         store = self.host_rows

@@ -20,8 +20,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.envs.registration import EnvSpec, load_env_creator
-from gymnasium.vector import AutoresetMode
 from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from . import atari, envpool_env, partial_obs

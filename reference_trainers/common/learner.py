@@ -155,8 +155,23 @@ class Learner:
         ``nonfinite`` (1.0 if the loss or the norm is NaN/Inf): a pure function, for a hand-written
         step that clips inside its compiled graph and reports ``nonfinite`` among its stats."""
         grad_norm = torch.linalg.vector_norm(flat)
-        nonfinite = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()
-        return (flat if self.max_grad_norm is None else flat * self._clip_scale(grad_norm)), grad_norm, nonfinite
+        clipped = flat if self.max_grad_norm is None else flat * self._clip_scale(grad_norm)
+        return clipped, grad_norm, self._nonfinite(loss, grad_norm)
+
+    def adopt(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], flat: torch.Tensor,
+              grad_norm: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """A compiled hand-written step's output as the loss closure returns it: its clipped flat
+        gradients copied into ``flat_grad`` (the parameters' ``.grad``), then (loss, stats, norm)."""
+        self.flat_grad.copy_(flat)
+        return loss, stats, grad_norm
+
+    def _nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """1.0 if the loss or the gradient norm is NaN/Inf, else 0.0; with float16 AMP only the
+        loss counts (gradient overflow is the GradScaler's business)."""
+        finite = torch.isfinite(loss)
+        if not self.scaler.is_enabled():
+            finite = finite & torch.isfinite(grad_norm)
+        return (~finite).float()
 
     def _graphed_step(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Loss, grads and the optimiser step in one function, for CUDA graph capture."""
@@ -191,10 +206,7 @@ class Learner:
         loss counts. ``nonfinite``: the flag as a compiled step computed it (``clipped``).
         """
         if nonfinite is None:
-            finite = torch.isfinite(loss)
-            if not self.scaler.is_enabled():
-                finite = finite & torch.isfinite(grad_norm)
-            nonfinite = (~finite).float()
+            nonfinite = self._nonfinite(loss, grad_norm)
         if self.nan_policy == "skip_update":
             if bool(nonfinite):
                 self.nonfinite_events += 1
