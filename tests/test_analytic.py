@@ -330,8 +330,9 @@ def test_compile_train_step_compiles_the_whole_hand_written_step(algo: str) -> N
         t = build(compiled)
         try:
             assert isinstance(t.analytic_step, CompiledOrEager) is compiled
-            if compiled:  # on the CPU behind inductor's C++ wrapper
+            if compiled:  # on the CPU behind inductor's C++ wrapper, as one graph (a break falls back)
                 assert t.analytic_step.compile_kwargs["options"] == {"cpp_wrapper": True}
+                assert t.analytic_step.compile_kwargs["fullgraph"] is True
             assert not isinstance(t.learner.loss_and_grads, CompiledOrEager)
             for _ in range(3):
                 t.iterate()

@@ -98,6 +98,8 @@ class Learner:
         self.max_grad_norm = config.stability.max_grad_norm
         self.amp, self.amp_dtype = bool(o.amp), amp_dtype(config)
         self.scaler = dev.grad_scaler(device, enabled=self.amp and self.amp_dtype == torch.float16)
+        # a plain bool: compiled steps read it (``GradScaler.is_enabled`` is a graph break under torch.compile)
+        self.loss_scaling = self.scaler.is_enabled()
         lr: float | torch.Tensor = learning_rate
         if o.cuda_graphs:
             lr = torch.tensor(lr, dtype=torch.float32, device=device)
@@ -108,7 +110,7 @@ class Learner:
         self.foreach_clip = o.optimizer_impl != "forloop"
         # fused Adam without a GradScaler: the kernel is called directly (same kernel, same state)
         self.direct_step = (FusedAdamStep(self.optimizer) if o.optimizer_impl == "fused" and not o.cuda_graphs
-                            and not self.scaler.is_enabled() else None)
+                            and not self.loss_scaling else None)
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (
@@ -169,7 +171,7 @@ class Learner:
         """1.0 if the loss or the gradient norm is NaN/Inf, else 0.0; with float16 AMP only the
         loss counts (gradient overflow is the GradScaler's business)."""
         finite = torch.isfinite(loss)
-        if not self.scaler.is_enabled():
+        if not self.loss_scaling:
             finite = finite & torch.isfinite(grad_norm)
         return (~finite).float()
 
