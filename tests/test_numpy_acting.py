@@ -277,6 +277,36 @@ def test_dqn_numpy_acting_keeps_fp_reorder_parity() -> None:
     assert_params_close(fast, plain, **FP_REORDER)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_host_noise_gives_the_per_step_draws(rows: int) -> None:
+    """Blocks of draws hand out, step by step and across a block's end, what one torch call per
+    step gives from the same generators."""
+    from reference_trainers.common.value_based import HostNoise
+
+    steps = HostNoise.BLOCK_STEPS + 5
+    noise = HostNoise(rows, 3, torch.Generator().manual_seed(1), torch.Generator().manual_seed(2))
+    explore, action = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        uniform, random_action = noise.next()
+        np.testing.assert_array_equal(uniform, torch.rand(rows, generator=explore).numpy())
+        np.testing.assert_array_equal(random_action, torch.randint(3, (rows,), generator=action).numpy())
+        assert uniform.dtype == np.float32 and random_action.dtype == np.int64
+
+
+def test_dqn_numpy_acting_chooses_the_actions_of_the_torch_path() -> None:
+    """Same draws, same greedy choice: the NumPy path acts as the batched torch path does, step by
+    step (weights fixed, so the forwards agree to the last bit that decides an argmax here)."""
+    fast, plain = make("dqn", *ON), make("dqn", "optimizations.batch_inference=true")
+    try:
+        obs = np.asarray(fast.next_obs, dtype=np.float32)
+        for step in range(300):
+            fast.agent_steps = plain.agent_steps = 30 * step  # epsilon from 1.0 down through the decay
+            np.testing.assert_array_equal(fast.select_actions(obs), plain.select_actions(obs))
+    finally:
+        fast.close()
+        plain.close()
+
+
 def test_dqn_numpy_acting_follows_loaded_weights() -> None:
     source, target = make("dqn", *ON), make("dqn", *ON)  # the source trains, the target is fresh
     try:

@@ -53,6 +53,45 @@ class ActingNoise(NamedTuple):
         return ActingNoise(self.uniform[start:stop], self.random_action[start:stop], fractions)
 
 
+class HostNoise:
+    """``numpy_acting``: the epsilon-greedy draws of ``BLOCK_STEPS`` vector steps at a time, as
+    NumPy rows handed out one step at a time (two torch calls per block instead of per step).
+
+    On the CPU one call of ``torch.rand`` / ``torch.randint`` for (steps, rows) gives the same
+    numbers, in order, as one call per step, so every step sees the draws the per-step paths
+    see (``test_host_noise_gives_the_per_step_draws``). ``state_dict`` keeps the rows not yet
+    handed out: a resumed run goes on with them, then draws from the restored generators.
+    """
+
+    BLOCK_STEPS = 256
+
+    def __init__(self, rows: int, num_actions: int, explore: torch.Generator, action: torch.Generator) -> None:
+        self.rows, self.num_actions = rows, num_actions
+        self.explore, self.action = explore, action
+        self.uniform = np.empty((0, rows), dtype=np.float32)
+        self.random_action = np.empty((0, rows), dtype=np.int64)
+        self.position = 0
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        """This step's (uniform, random action), one per sub-env."""
+        if self.position == len(self.uniform):
+            shape = (self.BLOCK_STEPS, self.rows)
+            self.uniform = torch.rand(shape, generator=self.explore).numpy()
+            self.random_action = torch.randint(self.num_actions, shape, generator=self.action).numpy()
+            self.position = 0
+        step = self.position
+        self.position += 1
+        return self.uniform[step], self.random_action[step]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"uniform": torch.from_numpy(self.uniform[self.position:].copy()),
+                "random_action": torch.from_numpy(self.random_action[self.position:].copy())}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.uniform, self.random_action = state["uniform"].numpy(), state["random_action"].numpy()
+        self.position = 0
+
+
 def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> float:
     """Epsilon decayed linearly from ``start`` to ``end`` over ``steps`` agent steps, then held."""
     return start + min(1.0, agent_steps / steps) * (end - start)
@@ -112,8 +151,10 @@ class ValueTrainer(Checkpointable):
         self.prefetcher = Prefetcher(o.num_workers)
         self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
         self.inference_chunk = chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
+        self.host_noise: HostNoise | None = None  # numpy_acting: the acting draws, a block of steps at a time
         if o.numpy_acting:
             self.host_q = self._host_q_network()
+            self.host_noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator)
         self.act = self._act_numpy if o.numpy_acting else self._act_batched if o.batch_inference else self._act_per_env
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
@@ -164,9 +205,13 @@ class ValueTrainer(Checkpointable):
                 "update": self.update_generator, "replay": self.replay_generator}
 
     def extra_state(self) -> dict[str, Any]:
-        """Target network, replay contents (and PER priorities), the n-step writer's pending steps."""
-        return {"target": self.target.state_dict(), "replay": self.replay.state_dict(),
-                "writer": self.writer.state_dict(), "replay_ready": self.replay_ready}
+        """Target network, replay contents (and PER priorities), the n-step writer's pending steps,
+        the acting draws not yet used (``numpy_acting``)."""
+        state = {"target": self.target.state_dict(), "replay": self.replay.state_dict(),
+                 "writer": self.writer.state_dict(), "replay_ready": self.replay_ready}
+        if self.host_noise is not None:
+            state["host_noise"] = self.host_noise.state_dict()
+        return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if self.host_q is not None:  # the weights were loaded in place; view them again all the same
@@ -175,6 +220,8 @@ class ValueTrainer(Checkpointable):
         self.replay.load_state_dict(state["replay"])
         self.writer.load_state_dict(state["writer"])
         self.replay_ready = bool(state["replay_ready"])
+        if self.host_noise is not None and "host_noise" in state:
+            self.host_noise.load_state_dict(state["host_noise"])
 
     # ----------------------------------------------------------------- acting
     def epsilon(self) -> float:
@@ -240,12 +287,11 @@ class ValueTrainer(Checkpointable):
     def _act_numpy(self, obs: np.ndarray) -> np.ndarray:
         """``numpy_acting``: the greedy forward (all sub-envs at once or per sub-env / chunk, as
         ``batch_inference`` says) and the epsilon-greedy choice in NumPy, from the same torch
-        draws as the other paths."""
+        draws as the other paths (drawn a block of steps at a time: ``HostNoise``)."""
         with self.probe.phase("inference"):
-            noise = self._acting_noise()
+            uniform, random_action = self.host_noise.next()
             greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), self.inference_chunk).argmax(-1)
-            explore = noise.uniform.numpy() < self.epsilon()
-            return np.where(explore, noise.random_action.numpy(), greedy)
+            return np.where(uniform < self.epsilon(), random_action, greedy)
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One epsilon-greedy action selection for ``num_envs`` observations (host in, host out)."""
