@@ -308,17 +308,25 @@ class SerialVectorEnv(gym.vector.VectorEnv):
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=np.bool_)
         truncated = np.zeros(self.num_envs, dtype=np.bool_)
-        observations, infos = [], {}
+        space, infos = self.single_observation_space, {}
+        # array spaces: each observation written straight into the batch (what np.stack does, without the list)
+        observations: Any = (np.empty((self.num_envs, *space.shape), dtype=space.dtype) if self._array_observations
+                             else [])
         for i, (env, action) in enumerate(zip(self.envs, self._per_env_actions(actions))):
             if self._needs_reset[i]:
                 obs, info = env.reset()
             else:
                 obs, rewards[i], terminated[i], truncated[i], info = env.step(action)
-            observations.append(obs)
+            if self._array_observations:
+                observations[i] = obs
+            else:
+                observations.append(obs)
             if info:
                 infos = self._add_info(infos, info, i)
         self._needs_reset = terminated | truncated
-        return self._batch(observations), rewards, terminated, truncated, infos
+        if not self._array_observations:
+            observations = self._batch(observations)
+        return observations, rewards, terminated, truncated, infos
 
     def render(self) -> tuple[Any, ...]:
         return tuple(env.render() for env in self.envs)

@@ -51,7 +51,7 @@ class OneStepWriter:
              terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray) -> TransitionBatch:
         """This step's transitions; the batch may view the arrays given (replay copies what it stores)."""
         if valid.all():  # no reset step among them: every row as it is
-            bootstrap = np.where(terminated, np.float32(0.0), self.gamma).astype(np.float32, copy=False)
+            bootstrap = self.gamma * ~terminated  # float32: gamma where the episode goes on, else 0
             return TransitionBatch(_observations(obs), np.asarray(actions, dtype=np.int64), _float32(rewards),
                                    _observations(next_obs), bootstrap)
         keep = np.flatnonzero(valid)
