@@ -7,6 +7,8 @@ and checked to be the path actually taken.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import TINY
@@ -389,7 +391,22 @@ def test_fused_adam_step_matches_the_optimizer() -> None:
         for a, b in zip(nets[0].parameters(), nets[1].parameters()):
             assert torch.equal(a, b)
     assert direct._state is not None  # the direct path was taken after the first step
-    state = optimizers[0].state_dict()
+    counters = [optimizers[1].state[p]["step"] for p in nets[1].parameters()]
+    assert len({c.untyped_storage().data_ptr() for c in counters}) == 1  # one tensor, advanced by one add
+    assert [float(c) for c in counters] == [6.0] * len(counters)
+    assert all(torch.equal(a, b) for a, b in zip(optimizers[0].state_dict()["state"][0].values(),
+                                                 optimizers[1].state_dict()["state"][0].values()))
+    state = copy.deepcopy(optimizers[0].state_dict())  # as from a file: tensors of its own
     optimizers[1].load_state_dict(state)
     direct.refresh()
     assert direct._state is None
+    for step in range(2):  # after a load: the loaded counters, shared again, go on
+        x = torch.randn(5, 4)
+        for net in nets:
+            net.zero_grad(set_to_none=True)
+            net(x).square().sum().backward()
+        optimizers[0].step()
+        direct()
+        for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+            assert torch.equal(a, b)
+    assert [float(optimizers[1].state[p]["step"]) for p in nets[1].parameters()] == [8.0] * 4

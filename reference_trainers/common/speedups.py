@@ -91,6 +91,7 @@ class FusedAdamStep:
     def __init__(self, optimizer: torch.optim.Adam) -> None:
         self.optimizer = optimizer
         self._state: tuple[list[torch.Tensor], ...] | None = None
+        self._counters = torch.zeros(0)
 
     def refresh(self) -> None:
         self._state = None
@@ -107,6 +108,12 @@ class FusedAdamStep:
                  and len({(p.device, p.dtype) for p in params}) == 1)
         if not plain or any(not st for st in states):
             return None
+        # the step counters become elements of one tensor (each state keeps a 0-d view of its own):
+        # one add advances them all (``_foreach_add_`` on the CPU is a loop of adds)
+        counters = torch.stack([st["step"] for st in states])
+        for i, st in enumerate(states):
+            st["step"] = counters[i]
+        self._counters = counters
         return (params, [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
                 [st["step"] for st in states])
 
@@ -124,7 +131,7 @@ class FusedAdamStep:
             self.optimizer.step()
             return
         beta1, beta2 = group["betas"]
-        torch._foreach_add_(steps, 1)
+        self._counters.add_(1)
         torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
                            beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
                            maximize=False, grad_scale=None, found_inf=None)
