@@ -272,3 +272,36 @@ def test_pinned_non_blocking_tensor_replay_matches_pageable_copies() -> None:
         fast.add(batch)
         assert_samples_equal(plain.sample(16), fast.sample(16))
     assert fast.storage.to_device._staging["replay_insert"].is_pinned()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_one_step_insert_stores_what_the_writer_and_add_store(rows: int) -> None:
+    """The direct insert of a step with no reset row writes the rows ``OneStepWriter.push`` then
+    ``add`` write, bit for bit (float64 rewards, int64 actions, terminations), and steps aside
+    (nothing written) across the ring's end, for list storage and for prioritized sampling."""
+    from reference_trainers.common.nstep import OneStepWriter
+
+    rng = np.random.default_rng(0)
+    gamma, capacity = 0.99, 7
+    writer = OneStepWriter(rows, gamma)
+    direct, general = (make_replay("tensor", capacity, 4, torch.device("cpu"), HostToDevice(torch.device("cpu")),
+                                   torch.Generator()) for _ in range(2))
+    valid = np.ones(rows, dtype=bool)
+    for _ in range(12):
+        obs, next_obs = rng.standard_normal((2, rows, 4)).astype(np.float32)
+        actions = rng.integers(0, 3, rows)
+        rewards = rng.standard_normal(rows)  # float64, as envs give them
+        terminated = rng.random(rows) < 0.3
+        fits = direct.position + rows <= capacity
+        assert direct.add_one_step(obs, actions, rewards, next_obs, terminated, writer.gamma) is fits
+        if not fits:
+            direct.add(writer.push(obs, actions, rewards, next_obs, terminated, ~terminated, valid))
+        general.add(writer.push(obs, actions, rewards, next_obs, terminated, ~terminated, valid))
+        assert (direct.position, direct.size) == (general.position, general.size)
+        assert torch.equal(direct.storage.rows, general.storage.rows)
+    for other in (make_replay("list", capacity, 4, torch.device("cpu"), HostToDevice(torch.device("cpu")),
+                              torch.Generator()),
+                  make_replay("tensor", capacity, 4, torch.device("cpu"), HostToDevice(torch.device("cpu")),
+                              torch.Generator(), prioritized=True)):
+        assert not other.add_one_step(obs, actions, rewards, next_obs, terminated, writer.gamma)
+        assert len(other) == 0

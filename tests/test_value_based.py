@@ -551,3 +551,27 @@ def test_value_based_cartpole_learns_both_variants(algo: str, variant: str, seed
         trainer.close()
         torch.set_num_threads(original_threads)
     assert best >= 195.0, f"{algo} {variant} seed {seed}: best mean return of the last 20 episodes {best} after {trainer.env_steps} env steps"
+
+
+def test_one_step_tensor_replay_inserts_directly_and_trains_as_the_general_insert() -> None:
+    """With a one-step writer and CPU tensor replay, steps with no reset row skip the writer's
+    batch (``ReplayBuffer.add_one_step``); the run ends with the parameters and replay of the
+    general insert, bit for bit."""
+    flags = ("optimizations.replay=tensor", "env.vectorization=sync")
+    direct, general = make("dqn", *flags), make("dqn", *flags)
+    general.one_step = False
+    pushes = []
+    push = direct.writer.push
+    direct.writer.push = lambda *args: pushes.append(1) or push(*args)  # type: ignore[method-assign]
+    try:
+        for _ in range(2):
+            direct.iterate()
+            general.iterate()
+        assert direct.updates == general.updates > 0
+        assert 0 < len(pushes) < direct.vector_steps  # reset steps and ring wraps still go through the writer
+        for name, value in snapshot(direct.model).items():
+            assert torch.equal(value, snapshot(general.model)[name]), name
+        assert torch.equal(direct.replay.storage.rows, general.replay.storage.rows)
+    finally:
+        direct.close()
+        general.close()

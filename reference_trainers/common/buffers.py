@@ -133,6 +133,23 @@ class TensorStorage:
         if first < len(batch):
             store[:len(batch) - first] = rows[first:]
 
+    def write_one_step(self, start: int, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                       next_obs: np.ndarray, terminated: np.ndarray, gamma: np.float32) -> bool:
+        """On the CPU, one-step transitions (every row valid) written field by field straight
+        from the env step's arrays: what ``OneStepWriter.push`` then ``write`` store, bit for bit,
+        without the batch between them. False, writing nothing, off the CPU or across the
+        ring's end."""
+        count, d, store = len(actions), self.obs_dim, self.host_rows
+        if store is None or start + count > self.capacity:
+            return False
+        rows = store[start:start + count]
+        rows[:, :d] = obs.reshape(count, d)
+        rows[:, d:2 * d] = next_obs.reshape(count, d)
+        rows[:, 2 * d] = rewards
+        np.multiply(~terminated, gamma, out=rows[:, 2 * d + 1])
+        rows[:, 2 * d + 2] = actions
+        return True
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"rows": self.rows.detach().cpu().clone()}
 
@@ -228,6 +245,21 @@ class ReplayBuffer:
         self.sampler.added(self.position, count)
         self.position = (self.position + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
+
+    def add_one_step(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
+                     terminated: np.ndarray, gamma: np.float32) -> bool:
+        """``add(OneStepWriter.push(...))`` for a step with no reset row, written straight into a
+        CPU tensor storage under uniform sampling (``TensorStorage.write_one_step``). False,
+        adding nothing, where that path does not apply: the caller then takes the general one."""
+        write = getattr(self.storage, "write_one_step", None)
+        if write is None or not isinstance(self.sampler, UniformSampler):
+            return False
+        count = len(actions)
+        if not write(self.position, obs, actions, rewards, next_obs, terminated, gamma):
+            return False
+        self.position = (self.position + count) % self.capacity
+        self.size = min(self.size + count, self.capacity)
+        return True
 
     def sample(self, batch_size: int, beta: float = 1.0) -> Sample:
         return self.gather(*self.draw(batch_size, beta))

@@ -415,11 +415,17 @@ class EpisodeTracker:
         self._recent_lengths: deque[int] = deque(maxlen=int(window))
         self._completed = 0
 
-    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[float]:
-        """Account one vector step; return the returns of episodes that ended in it."""
+    def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+               done: np.ndarray | None = None, any_done: bool | None = None) -> list[float]:
+        """Account one vector step; return the returns of episodes that ended in it. ``done``
+        (``terminated | truncated``) and ``any_done`` (``done.any()``): the caller's, if it has them."""
         rewards = np.asarray(rewards, dtype=np.float32).reshape(self.num_envs)
-        done = np.logical_or(terminated, truncated).reshape(self.num_envs)
-        if not self._any_resetting and not done.any():  # most steps: every sub-env mid-episode
+        if done is None:
+            done = np.logical_or(terminated, truncated)
+        done = done.reshape(self.num_envs)
+        if any_done is None:
+            any_done = bool(done.any())
+        if not self._any_resetting and not any_done:  # most steps: every sub-env mid-episode
             self._returns += rewards
             self._lengths += 1
             return []

@@ -32,7 +32,7 @@ from .trainer_state import Checkpointable
 from .config import ConfigError, TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, open_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
-from .nstep import make_writer
+from .nstep import OneStepWriter, make_writer
 from .numpy_acting import NumpyMLP, chunk_rows, in_chunks
 from .prefetch import Prefetcher
 from .probe import NullProbe, Probe
@@ -159,6 +159,8 @@ class ValueTrainer(Checkpointable):
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
+        self.any_episode_over = False
+        self.one_step = isinstance(self.writer, OneStepWriter)
         self.env_steps = self.agent_steps = self.vector_steps = self.updates = self.iterations = 0
         self.replay_ready = False  # every rank holds batch_size transitions (never false again once true)
         self.last_stats: dict[str, float] = {}
@@ -220,6 +222,7 @@ class ValueTrainer(Checkpointable):
         self.replay.load_state_dict(state["replay"])
         self.writer.load_state_dict(state["writer"])
         self.replay_ready = bool(state["replay_ready"])
+        self.any_episode_over = bool(self.episode_over.any())  # restored before the extra state
         if self.host_noise is not None and "host_noise" in state:
             self.host_noise.load_state_dict(state["host_noise"])
 
@@ -306,14 +309,18 @@ class ValueTrainer(Checkpointable):
         with probe.phase("env"):
             self.next_obs, reward, terminated, truncated, info = self.envs.step(actions)
         with probe.phase("transfer"):
-            shape = self.obs_shape
-            batch = self.writer.push(obs.reshape(n, *shape), actions, reward, self.next_obs.reshape(n, *shape),
-                                     terminated, truncated, ~self.episode_over)
-            self.replay.add(batch)
+            # a step with no reset row goes straight into a CPU tensor replay where the writer is one-step
+            if not (self.one_step and not self.any_episode_over and self.replay.add_one_step(
+                    obs, actions, reward, self.next_obs, terminated, self.writer.gamma)):
+                shape = self.obs_shape
+                batch = self.writer.push(obs.reshape(n, *shape), actions, reward, self.next_obs.reshape(n, *shape),
+                                         terminated, truncated, ~self.episode_over)
+                self.replay.add(batch)
         with probe.phase("logging"):
             frames = frames_in_step(info, n)
-            self.tracker.update(reward, terminated, truncated)
             self.episode_over = terminated | truncated
+            self.any_episode_over = bool(self.episode_over.any())
+            self.tracker.update(reward, terminated, truncated, self.episode_over, self.any_episode_over)
         self.vector_steps += 1
         self.agent_steps += n
         self.env_steps += frames
