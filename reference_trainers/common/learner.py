@@ -190,7 +190,7 @@ class Learner:
             self._finite_ok(loss, grad_norm)
         else:
             loss, stats, grad_norm = self.loss_and_grads(*batch)
-            if self._finite_ok(loss, grad_norm, stats.pop("nonfinite", None)):
+            if self._finite_ok(loss, grad_norm, stats.pop("nonfinite", None), logged=stats):
                 if self.direct_step is not None:
                     self.direct_step()
                 else:
@@ -199,13 +199,15 @@ class Learner:
         self.stats.add_all({name: value for name, value in stats.items() if value.ndim == 0})
         return stats
 
-    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, nonfinite: torch.Tensor | None = None) -> bool:
+    def _finite_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, nonfinite: torch.Tensor | None = None,
+                   logged: dict[str, torch.Tensor] | None = None) -> bool:
         """Apply ``stability.nan_policy``; True if the optimiser step should run.
 
         ``skip_update`` decides per update (one host sync); ``raise``/``warn`` record the
         flag in the statistics, checked by ``flush`` at the end of the iteration (no extra
         sync). With float16 AMP, gradient overflow is the GradScaler's business: only the
         loss counts. ``nonfinite``: the flag as a compiled step computed it (``clipped``).
+        ``logged``: the step's statistics, logged with the flag in one add (else it is logged alone).
         """
         if nonfinite is None:
             nonfinite = self._nonfinite(loss, grad_norm)
@@ -215,7 +217,10 @@ class Learner:
                 log.warning("non-finite loss or gradient: update skipped (stability.nan_policy=skip_update)")
                 return False
             return True
-        self.stats.add("nonfinite", nonfinite)
+        if logged is None:
+            self.stats.add("nonfinite", nonfinite)
+        else:
+            logged["nonfinite"] = nonfinite
         return True
 
     # ----------------------------------------------------------------- checkpoints
