@@ -84,18 +84,18 @@ class DQNTrainer(ValueTrainer):
         return loss, {"loss": loss.detach(), "q_values": q_taken.detach().mean(), "priority": td_abs}
 
 
-    def analytic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                      bootstrap: torch.Tensor, weights: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, ...]:
+    def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``analytic_grads``: ``loss`` with the Q-network's gradients set by hand (no autograd graph):
         the Huber loss's gradient is the TD error clamped to [-1, 1], per sample, over the batch
         (times the importance weights under PER), at the taken action; ``analytic.mlp_backward``
-        carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``),
-        clipping included, and the gradient norm comes back as a third value."""
+        carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``,
+        or ``analytic_grads_at`` from replay indices), clipping included, and the gradient norm
+        comes back as a third value. ``batch``: ``train_batch``'s tensors, or what
+        ``analytic_step`` takes."""
         with torch.no_grad():
             if self.analytic_step is not None:  # clipped inside the compiled step
-                return self.learner.adopt(*self.analytic_step(obs, actions, rewards, next_obs, bootstrap, weights))
-            saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
+                return self.learner.adopt(*self.analytic_step(*batch))
+            saved, grad_q, loss, stats = self._td_gradient(*batch)
             analytic.mlp_backward(saved, grad_q)
         return loss, stats
 
@@ -110,7 +110,7 @@ class DQNTrainer(ValueTrainer):
         return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
 
     def _td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                     bootstrap: torch.Tensor, weights: torch.Tensor | None):  # noqa: ANN202 - a tuple of four
+                     bootstrap: torch.Tensor, weights: torch.Tensor | None = None):  # noqa: ANN202 - a tuple of four
         """Forward, TD targets, Huber loss and its gradient with respect to the Q-values:
         (the forward's saved activations, d loss / d Q, loss, stats)."""
         next_q_target = self.target_forward(next_obs)

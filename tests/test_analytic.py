@@ -315,6 +315,38 @@ def test_aten_tanh_is_torch_tanh_outside_a_compiled_step() -> None:
     assert analytic.tanh(x).equal(torch.tanh(x))
 
 
+@pytest.mark.slow  # inductor compiles: seconds each with a warm cache
+@pytest.mark.parametrize("extra", [[], ["dqn.prioritized_replay=true"]], ids=["uniform", "per"])
+def test_the_compiled_dqn_step_gathers_its_minibatch_from_tensor_replay(extra: list[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tensor replay the compiled hand-written DQN step takes the drawn indices (and PER
+    weights) and gathers the minibatch itself; it trains as the step fed a gathered minibatch."""
+    from reference_trainers.common import value_based
+    from value_trainers import make, snapshot
+
+    flags = ["optimizations.analytic_grads=true", "optimizations.compile_train_step=true",
+             "optimizations.replay=tensor", *extra]
+    runs = []
+    for gathers in (True, False):
+        with monkeypatch.context() as patch:
+            if not gathers:  # the same run with the minibatch gathered before the step
+                patch.setattr(value_based, "TensorStorage", type("NotTensorStorage", (), {}))
+            t = make("dqn", *flags)
+        batches: list[int] = []
+        step = t.learner.step
+        t.learner.step = lambda *batch: batches.append(len(batch)) or step(*batch)  # type: ignore[method-assign]
+        try:
+            assert t.gathers_in_step is gathers
+            for _ in range(2):
+                t.iterate()
+            assert t.updates > 0 and not t.compile_fallback, getattr(t.analytic_step, "reason", "")
+            assert set(batches) == ({2 if extra else 1} if gathers else {6 if extra else 5})  # indices (+ weights)
+            runs.append(snapshot(t.model))
+        finally:
+            t.close()
+    assert_params_close(runs[0], runs[1], **FP_REORDER)
+
+
 @pytest.mark.slow  # inductor compiles: seconds each with a warm cache, ~30 s cold on 2 cores
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_compile_train_step_compiles_the_whole_hand_written_step(algo: str) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from . import distributed
 from .analytic import supports as is_plain_mlp
-from .buffers import Sample, make_replay
+from .buffers import Sample, TensorStorage, make_replay
 from .trainer_state import Checkpointable
 from .config import ConfigError, TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, open_vector_env
@@ -137,15 +137,19 @@ class ValueTrainer(Checkpointable):
                                sets_grads=bool(o.analytic_grads))
         self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
-        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
-        self.analytic_step = (hand_written_step(self.analytic_grads, self.device)
-                              if o.analytic_grads and o.compile_train_step else None)
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
                                       uint8=bool(o.uint8_transfer))
         self.replay_generator = generator(4)
         self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
                                   self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps,
                                   frame_shape=self.obs_shape if self.frames else None)
+        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in
+        # it); from a tensor replay without prefetching threads, it also gathers its minibatch
+        self.gathers_in_step = bool(o.analytic_grads and o.compile_train_step and o.num_workers == 0
+                                    and isinstance(self.replay.storage, TensorStorage))
+        self.analytic_step = (hand_written_step(self.analytic_grads_at if self.gathers_in_step else self.analytic_grads,
+                                                self.device)
+                              if o.analytic_grads and o.compile_train_step else None)
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
@@ -200,6 +204,14 @@ class ValueTrainer(Checkpointable):
         clipped by ``Learner.clipped``, their norm)."""
         raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
                           "accepted: false or auto")
+
+    def analytic_grads_at(self, indices: torch.Tensor, weights: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``analytic_grads`` of the minibatch at replay ``indices``, gathered from the tensor
+        replay's rows inside the compiled step (one call per update: no gather, slices and
+        action cast beside it)."""
+        sample = Sample(*self.replay.storage.gather(indices), weights, indices)
+        return self.analytic_grads(*self.train_batch(sample))
 
     # ----------------------------------------------------------------- checkpoints
     def rng_generators(self) -> dict[str, torch.Generator]:
@@ -345,22 +357,31 @@ class ValueTrainer(Checkpointable):
             yield self.replay.draw(self.hp.batch_size, self._beta())
 
     def _update_phase(self, count: int) -> None:
-        """``count`` optimiser steps; their minibatches are gathered inline, or ahead on the
-        prefetcher's threads (``num_workers``) while earlier steps train."""
+        """``count`` optimiser steps; their minibatches are gathered inline, ahead on the
+        prefetcher's threads (``num_workers``) while earlier steps train, or inside the compiled
+        step (``gathers_in_step``: it takes the drawn indices)."""
+        if self.gathers_in_step:
+            for _ in range(count):
+                with self.probe.phase("transfer"):
+                    indices, weights = self.replay.draw(self.hp.batch_size, self._beta())
+                self._learn((indices,) if weights is None else (indices, weights), indices)
+            return
         samples = self.prefetcher.map(lambda drawn: self.replay.gather(*drawn), self._draws(count))
         while True:
             with self.probe.phase("transfer"):
                 sample = next(samples, None)
             if sample is None:
                 return
-            self._learn(sample)
+            self._learn(self.train_batch(sample), sample.indices)
 
-    def _learn(self, sample: Sample) -> None:
+    def _learn(self, batch: tuple[torch.Tensor, ...], indices: torch.Tensor) -> None:
+        """One optimiser step on ``batch`` (what the loss closure takes), the priorities of the
+        replay ``indices`` it came from, and the target network when due."""
         hp = self.hp
         with self.probe.phase("update"):
-            stats = self.learner.step(*self.train_batch(sample))
+            stats = self.learner.step(*batch)
             if hp.prioritized_replay:
-                self.replay.update_priorities(sample.indices, stats["priority"])
+                self.replay.update_priorities(indices, stats["priority"])
             self.updates += 1
             if self.updates % hp.target_update_interval == 0:
                 self.update_target()
