@@ -305,3 +305,4 @@ def test_one_step_insert_stores_what_the_writer_and_add_store(rows: int) -> None
                               torch.Generator(), prioritized=True)):
         assert not other.add_one_step(obs, actions, rewards, next_obs, terminated, writer.gamma)
         assert len(other) == 0
+

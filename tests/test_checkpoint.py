@@ -58,6 +58,7 @@ CASES = [
     ("dqn", "optimizations.replay=tensor", "dqn.prioritized_replay=true", "dqn.n_step=3"),
     ("dqn", "env.vectorization=serial", "dqn.n_step=3", "dqn.double_q=true"),
     ("dqn", "optimizations.numpy_acting=true", "optimizations.batch_inference=true"),
+    ("dqn", "optimizations.replay=tensor", "dqn.buffer_size=40"),  # a full ring when the checkpoint is taken
     ("iqn",),
     ("iqn", "optimizations.replay=tensor", "iqn.prioritized_replay=true", "env.id=Acrobot-v1"),
     ("ppo", "model.recurrent=lstm", "model.recurrent_size=8", "env.id=CartPoleNoVel-v1"),
