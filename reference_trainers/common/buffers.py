@@ -231,6 +231,9 @@ class ReplayBuffer:
         self.storage, self.sampler, self.capacity = storage, sampler, capacity
         self.position = 0
         self.size = 0
+        # add_one_step's direct write: a storage that has one, and a sampler that keeps nothing per insert
+        self._write_one_step = (getattr(storage, "write_one_step", None)
+                                if isinstance(sampler, UniformSampler) else None)
 
     def __len__(self) -> int:
         return self.size
@@ -243,6 +246,10 @@ class ReplayBuffer:
             return
         self.storage.write(self.position, batch)
         self.sampler.added(self.position, count)
+        self._advance(count)
+
+    def _advance(self, count: int) -> None:
+        """Move the ring past ``count`` rows just written."""
         self.position = (self.position + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 
@@ -251,14 +258,10 @@ class ReplayBuffer:
         """``add(OneStepWriter.push(...))`` for a step with no reset row, written straight into a
         CPU tensor storage under uniform sampling (``TensorStorage.write_one_step``). False,
         adding nothing, where that path does not apply: the caller then takes the general one."""
-        write = getattr(self.storage, "write_one_step", None)
-        if write is None or not isinstance(self.sampler, UniformSampler):
+        write = self._write_one_step
+        if write is None or not write(self.position, obs, actions, rewards, next_obs, terminated, gamma):
             return False
-        count = len(actions)
-        if not write(self.position, obs, actions, rewards, next_obs, terminated, gamma):
-            return False
-        self.position = (self.position + count) % self.capacity
-        self.size = min(self.size + count, self.capacity)
+        self._advance(len(actions))
         return True
 
     def sample(self, batch_size: int, beta: float = 1.0) -> Sample:
