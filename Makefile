@@ -1,7 +1,7 @@
 # Two entry points: `make bench` (set up, then run the main job) and `make test`.
 # Both create or reuse the virtualenv in $(VENV). Override the torch build with e.g.
 #   make bench TORCH_SPEC="torch==2.6.0" TORCH_INDEX="--index-url <your PyTorch wheel index>"
-# Tracking speed across commits (see README, "Tracking speed across commits"):
+# Tracking speed across commits (see docs/tracking.md):
 #   make asv-check | asv-quick | asv-continuous BASE=<ref> HEAD_REF=<ref> | asv-publish | gate
 PYTHON ?= python3
 VENV ?= .venv

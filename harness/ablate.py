@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference_trainers.common.config import ConfigError, OptimizationsConfig, TrainConfig, build_config
+from reference_trainers.common.config import ConfigError, TrainConfig, build_config
+from reference_trainers.common.flags import ablation_keys
 from reference_trainers.common.resolve import resolve_config
 
 from .compare import CONFIDENCE, Ratio, paired_ratio
@@ -35,7 +36,8 @@ from .runner import VariantSpec
 ABLATE_DEFAULT_STEPS = 8192
 """Timed env steps per arm and repeat (the preset's own budget is for two variants, not a dozen)."""
 INTERVAL = f"{CONFIDENCE:.0%} percentile bootstrap of the median paired per-repeat ratio"
-FLAG_KEYS = ("env.vectorization", *(f"optimizations.{name}" for name in OptimizationsConfig.model_fields))
+FLAG_KEYS = ablation_keys()
+"""Every optimisation of the flag registry (settings and algorithm options are swept, not ablated)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,10 @@ class Flag:
     plain: Any
     """The baseline's resolved value."""
     resolved: Any
-    """The value it resolves to on this device when set alone on the baseline."""
+    """The value it resolves to on this device in the optimized variant."""
+    alone: bool = True
+    """Whether it takes effect set alone on the baseline (a flag that builds on another, e.g.
+    ``block_noise`` on ``numpy_acting``, is measured in the stack only)."""
 
     @property
     def name(self) -> str:
@@ -102,23 +107,28 @@ def plan_ablation(target: str, overrides: list[str], only: list[str] | None = No
     base = build_config(preset.variant_data("baseline"), overrides)
     opt = build_config(preset.variant_data("optimized"), overrides)
     base_res = resolve_config(base)
+    try:
+        opt_res = resolve_config(opt)
+    except ConfigError as exc:
+        raise UserError(f"ablate {target}: the optimized variant does not resolve here: {exc}") from None
     differing = [key for key in FLAG_KEYS if _get(base, key) != _get(opt, key)]
     flags: list[Flag] = []
     not_applicable: dict[str, str] = {}
     for key in differing:
         value = _get(opt, key)
+        plain, in_stack = _get(base_res.config, key), _get(opt_res.config, key)
         try:
-            resolved = resolve_config(_with(base, [], {key: value}))
+            alone = resolve_config(_with(base, [], {key: value}))
+            alone_why = alone.reasons.get(key, "").partition(" (")[2].removesuffix(")") or "the baseline's value"
+            takes_effect_alone = _get(alone.config, key) != plain
         except ConfigError as exc:
-            not_applicable[short_name(key)] = str(exc)
-            continue
-        plain, now = _get(base_res.config, key), _get(resolved.config, key)
-        if now == plain:
-            why = resolved.reasons.get(key, "")
-            why = why.partition(" (")[2].removesuffix(")") or "the baseline's value"
+            alone_why, takes_effect_alone = str(exc), False
+        if in_stack == plain and not takes_effect_alone:
+            why = opt_res.reasons.get(key, "").partition(" (")[2].removesuffix(")") or alone_why
             not_applicable[short_name(key)] = f"{value} resolves to the plain value {plain} on {base_res.device}: {why}"
             continue
-        flags.append(Flag(key, value, plain, now))
+        flags.append(Flag(key, value, plain, in_stack if in_stack != plain else _get(alone.config, key),
+                          alone=takes_effect_alone))
     if only is not None:
         flags = _select(flags, not_applicable, differing, only, target)
     if not flags:
@@ -150,7 +160,8 @@ def _lay_out_arms(plan: AblationPlan, base: TrainConfig) -> None:
     everything = {f.key: f.value for f in plan.flags}
     candidates: dict[str, dict[str, Any]] = {"baseline": {}}
     for f in plan.flags:
-        candidates[f"+{f.name}"] = {f.key: f.value}
+        if f.alone:
+            candidates[f"+{f.name}"] = {f.key: f.value}
     if len(plan.flags) > 1:
         candidates["all-on"] = everything
         for f in plan.flags:

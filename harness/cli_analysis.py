@@ -64,7 +64,9 @@ def _with_defaults(args: argparse.Namespace, **defaults: object) -> list[str]:
 def cmd_ablate(args: argparse.Namespace) -> int:
     from . import ablate
     from .plots import ablation_chart
-    from .results import check_output_dir, write_text_atomic
+    from reference_trainers.common.atomic_file import write_text_atomically
+
+    from .results import check_output_dir
     from .runner import run_variants
 
     overrides = _with_defaults(args, **{"run.steps": ablate.ABLATE_DEFAULT_STEPS, "run.repeats": 5})
@@ -85,7 +87,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     effects = ablate.flag_effects(plan, runs, expected)
     print(ablate.markdown_table(plan, runs, effects))
-    write_text_atomic(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
+    write_text_atomically(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
     ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
                    [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
     say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
@@ -95,7 +97,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from . import sweep
     from .plots import line_chart
-    from .results import check_output_dir, write_text_atomic
+    from reference_trainers.common.atomic_file import write_text_atomically
+
+    from .results import check_output_dir
     from .runner import run_variants
 
     params = [sweep.parse_param(text) for text in args.params]
@@ -115,7 +119,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     points = sweep.points(params, runs)
     title = f"Sweep: {preset} ({args.variant}) on {device}"
     print(sweep.markdown_table(title, params, points))
-    write_text_atomic(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
+    write_text_atomically(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
     line_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
     _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
     return _status_code(runs)

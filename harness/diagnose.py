@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from reference_trainers.common.config import TrainConfig
 from reference_trainers.common.envs import frames_in_step, make_vector_env
+from reference_trainers.common.flags import REGISTRY
 from reference_trainers.common.probe import PHASES
 
 from .results import RunResult
@@ -80,6 +81,12 @@ class Rule:
     advice: Callable[[Facts], str]
 
 
+def _tip(name: str) -> str:
+    """The flag registry's advice for ``optimizations.NAME`` (or ``env.NAME``)."""
+    entry = REGISTRY.get(f"optimizations.{name}") or REGISTRY[f"env.{name}"]
+    return entry.advice
+
+
 def _off(facts: Facts, *flags: str) -> list[str]:
     return [flag for flag in flags if not facts.opt.get(flag)]
 
@@ -91,11 +98,11 @@ def _update_advice(f: Facts) -> str:
         return text + ", ".join(["bigger batches (fewer minibatches or more envs)", *tips]) + " (GPU kernels want work)"
     tips = []
     if f.opt.get("torch_threads") is None:
-        tips.append("torch_threads=1 (small models lose more to thread hand-off than they gain)")
+        tips.append(_tip("torch_threads"))
     if f.opt.get("optimizer_impl") == "forloop":
-        tips.append("optimizer_impl=fused (one kernel for the Adam step)")
+        tips.append(_tip("optimizer_impl"))
     if _mlp_policy(f) and not f.opt.get("analytic_grads"):
-        tips.append("analytic_grads=true (hand-written gradients, no autograd graph)")
+        tips.append(_tip("analytic_grads"))
     elif f.opt.get("analytic_grads") and not f.opt.get("compile_train_step"):
         tips.append("compile_train_step=true for long runs (the hand-written step compiled: seconds of warm-up)")
     tips.append("fewer, larger minibatches (ppo.num_minibatches) if the algorithm allows")
@@ -125,22 +132,21 @@ RULES: list[Rule] = [
     Rule("per_env_inference",
          lambda f: f.shares["inference"] > 30 and not f.opt.get("batch_inference"),
          lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time, one forward per env: "
-                   "batch_inference=true (one forward for all envs)"),
+                   + _tip("batch_inference")),
     Rule("torch_acting",
          lambda f: (not f.on_cuda and f.shares["inference"] > 20 and bool(f.opt.get("batch_inference"))
                     and not f.opt.get("numpy_acting") and _mlp_policy(f)),
          lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time in torch ops on the CPU, "
-                   "mostly dispatch at these batch sizes: numpy_acting=true (the acting forward in NumPy over "
-                   "the same weights)"),
+                   "mostly dispatch at these batch sizes: " + _tip("numpy_acting")),
     Rule("update_dominant", lambda f: f.shares["update"] > 50, _update_advice),
     Rule("transfer",
          lambda f: f.shares["transfer"] > 15,
          lambda f: f"host->device copies take {f.shares['transfer']:.0f}% of the time: "
-                   + ("pinned_memory=true and non_blocking=true" if f.on_cuda else
+                   + (_tip("pinned_memory") if f.on_cuda else
                       "batch_inference=true (one copy per step instead of one per env)")),
     Rule("logging",
          lambda f: f.shares["logging"] > 10 and not f.opt.get("sync_free_logging"),
-         lambda f: f"logging/bookkeeping takes {f.shares['logging']:.0f}% of the time: sync_free_logging=true"),
+         lambda f: f"logging/bookkeeping takes {f.shares['logging']:.0f}% of the time: " + _tip("sync_free_logging")),
     Rule("near_env_ceiling",
          lambda f: f.ceiling_fraction is not None and f.ceiling_fraction >= 0.7,
          lambda f: f"the run reaches {100 * f.ceiling_fraction:.0f}% of the env-only ceiling: learner-side flags "

@@ -14,7 +14,7 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from reference_trainers.common.config import safe_load
+from reference_trainers.common.config_files import safe_load
 
 from .compare import RATE_METRICS, METRICS, Pair, Ratio, file_pairs, metric_ratio, variant_pairs
 from .errors import UserError

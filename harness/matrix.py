@@ -18,10 +18,12 @@ import markdown
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from reference_trainers.common.atomic_file import write_text_atomically
+
 from .compare import CONFIDENCE, Ratio, paired_ratio
 from .errors import UserError
 from .presets import preset_names, specs_for
-from .results import RunResult, write_text_atomic
+from .results import RunResult
 from .runner import VariantSpec, resolve_specs, run_variants
 
 MATRIX_DEFAULT_STEPS = 8192
@@ -159,5 +161,5 @@ def write_report(out: Path, rows: list[PresetRow]) -> None:
         series[variant] = points
     line_chart(out / THROUGHPUT_CHART, "env steps/sec per preset", "preset", names, series)
     text = report_markdown(rows)
-    write_text_atomic(out / "report.md", text)
-    write_text_atomic(out / "report.html", report_html(text))
+    write_text_atomically(out / "report.md", text)
+    write_text_atomically(out / "report.html", report_html(text))

@@ -1,7 +1,8 @@
 """Shipped presets (``presets/*.yaml``) and user config files -> ``VariantSpec``s.
 
 A preset file holds ``description``, ``config`` (every algorithmic setting, shared) and
-``variants`` (``baseline`` / ``optimized``: implementation flags only). A plain config file
+``variants`` (``baseline`` / ``optimized``: implementation flags only, as they differ from the flag
+registry: ``baseline`` from its plain values, ``optimized`` from its optimised ones). A plain config file
 (no ``variants``) is one run of its own.
 """
 
@@ -12,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from reference_trainers.common.config import ConfigError, TrainConfig, build_config, deep_merge, read_yaml
+from reference_trainers.common.config import TrainConfig, build_config
+from reference_trainers.common.config_files import deep_merge, read_yaml
+from reference_trainers.common.errors import ConfigError
+from reference_trainers.common.flags import optimised_variant
 
 from .errors import UserError
 
@@ -39,9 +43,12 @@ class Preset:
     variants: dict[str, dict[str, Any]]
 
     def variant_data(self, variant: str) -> dict[str, Any]:
+        """The variant's config: ``optimized`` starts from the registry's optimised values, every other
+        variant from the plain ones; the variant's own keys win over both."""
         if variant not in self.variants:
             raise UserError(f"--variant {variant!r}: {self.name} has {', '.join(self.variants)}")
-        return deep_merge(self.shared, self.variants[variant])
+        base = deep_merge(self.shared, optimised_variant()) if variant == "optimized" else self.shared
+        return deep_merge(base, self.variants[variant])
 
 
 def preset_names() -> list[str]:

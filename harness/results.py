@@ -12,6 +12,8 @@ from typing import Annotated, Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
+from reference_trainers.common.atomic_file import write_text_atomically
+
 from .errors import UserError
 
 SCHEMA_VERSION = 1
@@ -140,23 +142,7 @@ def _shape_problem(exc: ValidationError) -> str:
 def save_results(path: Path, runs: list[RunResult]) -> None:
     """Write ``{"schema_version", "runs"}`` atomically (temporary file in the same folder, then rename)."""
     payload = json.dumps({"schema_version": SCHEMA_VERSION, "runs": [r.to_dict() for r in runs]}, indent=2)
-    write_text_atomic(path, payload + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` through a temporary file in the same folder, then rename (never half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, payload + "\n")
 
 
 def load_results(path: Path) -> list[RunResult]:

@@ -10,12 +10,12 @@ byte (checked before the rename).
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+
+from reference_trainers.common.atomic_file import write_text_atomically
 
 from .compare import Ratio, independent_ratio, paired_ratio, rate_samples
 from .errors import UserError
@@ -205,27 +205,6 @@ def table_end(text: str, path: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    mode = path.stat().st_mode & 0o777 if path.exists() else None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def append_rows(path: Path, rows: list[str], *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
     """Append ``rows`` to the table of ``path`` (created with its header if missing), locked and atomic."""
     path = Path(path)
@@ -257,6 +236,6 @@ def _append_locked(path: Path, rows: list[str]) -> None:
             raise RuntimeError(f"{path}: appending would rewrite earlier content; nothing written")
     new = base + "".join(row + "\n" for row in rows)
     try:
-        _write_atomically(path, new)
+        write_text_atomically(path, new)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -13,7 +13,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from reference_trainers.common.config import ConfigError, parse_override
+from reference_trainers.common.config_files import parse_override
+from reference_trainers.common.errors import ConfigError
 
 from .compare import Ratio, paired_ratio
 from .errors import UserError

@@ -116,7 +116,7 @@ class DQNTrainer(ValueTrainer):
         next_q_target = self.target_forward(next_obs)
         next_q_online = self.forward(next_obs) if self.hp.double_q else None
         targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)
-        q, saved = analytic.mlp_forward(self.model.net, obs)
+        q, saved = analytic.mlp_forward(self.model.net, obs, self.aten_tanh_from)
         taken = actions.unsqueeze(1)
         q_taken = q.gather(1, taken).squeeze(1)
         loss, td_abs = td_loss(q_taken, targets, weights)

@@ -17,7 +17,10 @@ import torch
 from torch import nn
 
 from .common.buffers import Sample
+from .common.config import TrainConfig
 from .common.networks import IQNNetwork
+from .common.probe import Probe
+from .common.resolve import Resolution
 from .common.trainer import train_from_command_line
 from .common.value_based import ValueTrainer
 
@@ -41,16 +44,25 @@ def iqn_targets(next_quantiles: torch.Tensor, next_q: torch.Tensor, rewards: tor
     return rewards.unsqueeze(1) + bootstrap.unsqueeze(1) * chosen
 
 
-def quantile_huber_loss(quantiles: torch.Tensor, targets: torch.Tensor, taus: torch.Tensor, kappa: float
-                        ) -> torch.Tensor:
+def quantile_huber_loss(quantiles: torch.Tensor, targets: torch.Tensor, taus: torch.Tensor, kappa: float,
+                        hand_written: bool = False) -> torch.Tensor:
     """Per-sample quantile Huber loss (Dabney et al. 2018, eq. 3; QR-DQN eq. 10).
 
     ``quantiles`` (B, N) at fractions ``taus`` (B, N), ``targets`` (B, N'). Over all pairs,
     ``delta_ij = target_j - quantile_i`` (B, N, N') and
     ``rho_ij = |tau_i - 1{delta_ij < 0}| * L_kappa(delta_ij) / kappa``; the loss of a sample
     is ``sum_i mean_j rho_ij``. Returns shape (B,); differentiable in ``quantiles`` only.
+    Plain: these tensor ops, differentiated by autograd. ``hand_written``
+    (``hand_written_quantile_loss``): ``_QuantileHuber``, the same maths with its own backward.
     """
-    return _QuantileHuber.apply(quantiles, targets.detach(), taus.detach(), float(kappa))
+    targets, taus = targets.detach(), taus.detach()
+    if hand_written:
+        return _QuantileHuber.apply(quantiles, targets, taus, float(kappa))
+    delta = targets.unsqueeze(1) - quantiles.unsqueeze(2)                          # (B, N, N')
+    size = delta.abs()
+    huber = torch.where(size <= kappa, 0.5 * delta.square(), kappa * (size - 0.5 * kappa))
+    weight = (taus.unsqueeze(2) - (delta.detach() < 0).float()).abs()
+    return (weight * huber).sum(dim=1).mean(dim=1) / kappa
 
 
 class _QuantileHuber(torch.autograd.Function):
@@ -93,6 +105,10 @@ class IQNTrainer(ValueTrainer):
 
     algo = "iqn"
 
+    def __init__(self, config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> None:
+        super().__init__(config, probe=probe, resolution=resolution)
+        self.hand_written_loss = bool(self.config.optimizations.hand_written_quantile_loss)
+
     def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
         return IQNNetwork(obs_shape, num_actions, self.config.model, self.hp.quantile_embedding_dim)
 
@@ -126,7 +142,7 @@ class IQNTrainer(ValueTrainer):
             quantiles = self.forward(obs, taus)                                       # (B, N, A)
         index = actions.view(-1, 1, 1).expand(-1, quantiles.shape[1], 1)
         taken = quantiles.float().gather(2, index).squeeze(2)                          # (B, N)
-        per_sample = quantile_huber_loss(taken, targets, taus, self.hp.kappa)
+        per_sample = quantile_huber_loss(taken, targets, taus, self.hp.kappa, self.hand_written_loss)
         loss = per_sample.mean() if weights is None else (weights * per_sample).mean()
         return loss, {"loss": loss.detach(), "q_values": taken.detach().mean(), "priority": per_sample.detach()}
 

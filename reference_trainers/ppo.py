@@ -14,6 +14,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -111,7 +112,7 @@ def compute_gae_fused(rewards: torch.Tensor, values: torch.Tensor, next_value: t
                       terminated: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor, gamma: float,
                       lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``compute_gae`` with the TD errors and the chain coefficients computed for the whole
-    rollout at once, leaving one fused multiply-add per time step (``lean_rollout``)."""
+    rollout at once, leaving one fused multiply-add per time step (``fused_gae``)."""
     steps = rewards.shape[0]
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     not_terminated = 1.0 - terminated
@@ -279,16 +280,22 @@ class PPOTrainer(Checkpointable):
         if self.analytic and o.compile_train_step:
             networks = list(self.model.actor.parameters()) + list(self.model.critic.parameters())
             self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
-            self.analytic_step = hand_written_step(self._analytic_grads, self.device)
+            self.analytic_step = hand_written_step(self._analytic_grads, cpp_wrapper=bool(o.compile_cpp_wrapper))
+        self.aten_tanh_from = analytic.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
         self.numpy_acting = bool(o.numpy_acting)
         self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
                     else self._act_per_env)
-        self.lean = bool(o.lean_rollout)
-        self.stacked: StackedMLPs | None = None  # lean_rollout: the rollout's stacked actor-critic
-        self.host_policy: host.NumpyMLP | None = None  # numpy_acting: the stacked network's NumPy forward
-        self.host_split = 0
         self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
-        self.gae = compute_gae_fused if self.lean else compute_gae
+        self.lean = bool(o.lean_rollout)
+        self.stacked_mlps = bool(o.stacked_mlps)
+        if self.stacked_mlps and not self._stackable():
+            raise ConfigError("optimizations.stacked_mlps: true needs the feed-forward MLP actor-critic acting through "
+                              "its own forward (no compile_model, no DDP); accepted here: false or auto")
+        self.stacked: StackedMLPs | None = None  # stacked_mlps: the torch acting snapshot of actor and critic
+        self.host_policy: tuple[host.NumpyMLP, ...] | None = None  # numpy_acting: the NumPy acting forward(s)
+        self.host_split = 0
+        self.gae = compute_gae_fused if o.fused_gae else compute_gae
+        self.packed = bool(o.packed_gather)
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self._allocate_storage()
@@ -320,6 +327,10 @@ class PPOTrainer(Checkpointable):
     def rng_generators(self) -> dict[str, torch.Generator]:
         return {"sampling": self.generator}
 
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self._drop_snapshots()  # the loaded weights replace those the acting snapshots were taken from
+
     # ----------------------------------------------------------------- storage
     def _allocate_storage(self) -> None:
         T, N, d = self.config.ppo.num_steps, self.num_envs, self.device
@@ -333,8 +344,9 @@ class PPOTrainer(Checkpointable):
         self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
         # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
         self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
-        # numpy_acting: the rollout's observations staged on the host, copied once per rollout
-        self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if self.numpy_acting else None
+        # lean_rollout with numpy_acting: the rollout's observations staged on the host, copied once per rollout
+        staged_obs = self.lean and self.numpy_acting
+        self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if staged_obs else None
 
     # ----------------------------------------------------------------- acting
     def _action_noise(self) -> torch.Tensor:
@@ -342,19 +354,24 @@ class PPOTrainer(Checkpointable):
         shape = () if self.discrete else tuple(self.model.log_std.shape)
         return action_noise(self.num_envs, self.discrete, shape, self.generator, self.device)
 
-    def _stack_networks(self) -> None:
-        """``lean_rollout``: snapshot the actor and critic MLPs as one stacked network for this
-        rollout's forwards (the weights stay fixed until the update); None where the model or
-        the flags (compile, DDP) call for the model's own forward."""
+    def _stackable(self) -> bool:
+        """Whether acting can run through a stacked snapshot (``stacked_mlps``): an MLP actor and
+        critic without a torso, acting through the model's own forward (not compiled, not DDP)."""
         model = self.model
         plain_model = self.forward is model and isinstance(model, ActorCritic) and model.torso is None
-        stackable = plain_model and analytic.supports(model.actor) and analytic.supports(model.critic)
-        self.stacked = StackedMLPs(model.actor, model.critic) if stackable else None
+        return plain_model and analytic.supports(model.actor) and analytic.supports(model.critic)
+
+    def _drop_snapshots(self) -> None:
+        """Forget the acting snapshots (stacked torch network, NumPy forwards): the weights changed."""
+        self.stacked = self.host_policy = None
 
     def _actor_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actor output, value) for acting: the rollout's stacked network where there is one."""
-        if self.stacked is None:
+        """(actor output, value) for acting: the model's own forward (plain), or under ``stacked_mlps``
+        one stacked network (``StackedMLPs``, snapshot once per rollout: one matmul per layer for both)."""
+        if not self.stacked_mlps:
             return self.forward(obs)
+        if self.stacked is None:
+            self.stacked = StackedMLPs(self.model.actor, self.model.critic)
         actor_out, value = self.stacked(obs)
         return actor_out, value.squeeze(-1)
 
@@ -399,13 +416,22 @@ class PPOTrainer(Checkpointable):
             host_actions = action.cpu().numpy()
         return obs_t, action, logprob, value, host_actions
 
-    def _numpy_policy(self) -> host.NumpyMLP:
-        """``numpy_acting``: the actor and critic side by side as one NumPy forward, a snapshot per
-        rollout (contiguous weight copies; wide acting batches split the block-diagonal layers)."""
+    def _numpy_forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``numpy_acting``: (actor output, value) in NumPy, in forwards of ``inference_chunk`` rows.
+        Plain: the actor and the critic as two forwards over views of their weights. Under
+        ``stacked_mlps``: one side-by-side forward, a snapshot per rollout (contiguous weight copies;
+        wide acting batches split the block-diagonal layers)."""
+        actor, critic = self.model.actor, self.model.critic
         if self.host_policy is None:
-            actor, critic = self.model.actor, self.model.critic
-            self.host_policy, self.host_split = host.NumpyMLP.side_by_side(actor, critic), actor[-1].out_features
-        return self.host_policy
+            self.host_policy = ((host.NumpyMLP.side_by_side(actor, critic),) if self.stacked_mlps
+                                else (host.NumpyMLP.of(actor), host.NumpyMLP.of(critic)))
+            self.host_split = actor[-1].out_features
+        if self.stacked_mlps:
+            out = host.in_chunks(self.host_policy[0], obs, self.inference_chunk)
+            return out[:, :self.host_split], out[:, self.host_split]
+        actor_forward, critic_forward = self.host_policy
+        return (host.in_chunks(actor_forward, obs, self.inference_chunk),
+                host.in_chunks(critic_forward, obs, self.inference_chunk)[:, 0])
 
     def _act_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``numpy_acting``: the actor-critic forward and the sampling in NumPy, from the same torch
@@ -414,8 +440,7 @@ class PPOTrainer(Checkpointable):
         with self.probe.phase("inference"):
             noise = self._action_noise().numpy()
             obs = obs.reshape(self.num_envs, *self.obs_shape)
-            out = host.in_chunks(self._numpy_policy(), obs, self.inference_chunk)
-            actor_out, value = out[:, :self.host_split], out[:, self.host_split]
+            actor_out, value = self._numpy_forward(obs)
             if self.discrete:
                 action, logprob = host.sample_categorical(actor_out, noise)
             else:
@@ -434,6 +459,7 @@ class PPOTrainer(Checkpointable):
     # ----------------------------------------------------------------- collect
     def collect(self) -> tuple[int, int]:
         """Fill the rollout storage; returns (env frames, agent steps)."""
+        self._drop_snapshots()  # acting snapshots are taken afresh from the weights this rollout acts with
         return self._collect_lean() if self.lean else self._collect_plain()
 
     def _collect_plain(self) -> tuple[int, int]:
@@ -459,13 +485,13 @@ class PPOTrainer(Checkpointable):
         return frames, self.config.ppo.num_steps * self.num_envs
 
     def _collect_lean(self) -> tuple[int, int]:
-        """Optimised path (``lean_rollout``): the actor and critic MLPs run as one stacked network
-        (``StackedMLPs``, built once per rollout); per step, one device copy (the observation, into
-        its storage row); the reset mask, rewards and done flags go to a host array that crosses
-        once per rollout, and actions, log-probabilities and values are stacked once at the end."""
+        """Optimised path (``lean_rollout``): the storage is written once per rollout, not per step.
+        The reset mask, rewards and done flags go to a host array that crosses once; actions,
+        log-probabilities and values are stacked once at the end (with ``numpy_acting`` they and the
+        observations are host arrays, staged on the host and copied once each). Acting is the
+        plain collect's: ``act`` decides the forward."""
         probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
         host = self.host_scalars
-        self._stack_networks()
         actions, logprobs, values = [], [], []
         host_obs = self.host_obs
         for t in range(steps):
@@ -522,8 +548,8 @@ class PPOTrainer(Checkpointable):
         with torch.no_grad():
             if self.analytic_step is not None:  # clipped inside the compiled step
                 return self.learner.adopt(*self.analytic_step(*batch))
-            logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
-            value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
+            logits, actor_saved = analytic.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
+            value, critic_saved = analytic.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
             loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])
             analytic.mlp_backward(actor_saved, grad_logits)
             analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
@@ -533,8 +559,8 @@ class PPOTrainer(Checkpointable):
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``_minibatch_analytic`` as a pure function for ``torch.compile``: (loss, stats, every
         gradient as one flat vector in the learner's parameter order, clipped, and their norm)."""
-        logits, actor_saved = analytic.mlp_forward(self.model.actor, obs)
-        value, critic_saved = analytic.mlp_forward(self.model.critic, obs)
+        logits, actor_saved = analytic.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
+        value, critic_saved = analytic.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
         loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
         grads = analytic.mlp_grads(actor_saved, grad_logits) + analytic.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
         flat = torch.cat([grads[i].reshape(-1) for i in self.grad_order])
@@ -553,7 +579,7 @@ class PPOTrainer(Checkpointable):
             next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
             with torch.no_grad(), self.learner.autocast():
                 next_value = self._actor_critic(next_obs)[1].float()
-        self.stacked = self.host_policy = None  # the update changes the weights
+        self._drop_snapshots()  # the update changes the weights
         with self.probe.phase("update"):
             self._set_learning_rate()
             advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
@@ -562,7 +588,7 @@ class PPOTrainer(Checkpointable):
                      advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
             size = batch[0].shape[0]
             minibatch = size // c.ppo.num_minibatches
-            gather = self._packed_gather(batch) if self.lean else (lambda idx: tuple(x[idx] for x in batch))
+            gather = self._packed_gather(batch) if self.packed else (lambda idx: tuple(x[idx] for x in batch))
             steps = 0
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(size, generator=self.generator, device=self.device)
@@ -575,7 +601,7 @@ class PPOTrainer(Checkpointable):
 
     @staticmethod
     def _packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
-        """``lean_rollout``: the batch packed column-wise into one float32 tensor, so that a
+        """``packed_gather``: the batch packed column-wise into one float32 tensor, so that a
         minibatch is one ``index_select`` and column views (discrete actions travel as float32,
         exact below 2**24; ``evaluate_actions`` takes them back to int64). Observations that are
         not flat float32 vectors are gathered on their own."""

@@ -38,3 +38,17 @@ def _restore_process_settings() -> Iterator[None]:
 @pytest.fixture
 def tiny() -> list[str]:
     return list(TINY)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--effects-of", action="append", default=[], metavar="KEY",
+                     help="run only the tests marked flag_effect(KEY) (repeatable): the mutation drill's selection")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keys = set(config.getoption("--effects-of"))
+    if not keys:
+        return
+    chosen = [item for item in items if any(m.args and m.args[0] in keys for m in item.iter_markers("flag_effect"))]
+    config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+    items[:] = chosen

@@ -1,7 +1,11 @@
-"""Hypothesis strategies: valid optimisation combinations for an algorithm and device.
+"""Hypothesis strategies: valid flag combinations for an algorithm and device, drawn from the flag registry.
 
 A combination is a dict of dotted config keys -> values that differ from the plain path;
-``harness.parity.combined_class`` says how its numbers may differ from the reference.
+``harness.parity.combined_class`` says how its numbers may differ from the reference. Every
+registry flag whose parity class is asked for can be drawn (algorithm options such as PER,
+n-step and action repeat are outcome-class), so a new flag joins the property tests by
+being declared. A drawn combination that the resolver rejects (a blocker, a device that
+cannot honour a value) loses the flag the resolver names until it resolves.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION
-from reference_trainers.common import device as dev
+from reference_trainers.common.config import ConfigError, build_config
+from reference_trainers.common.flags import ALGORITHM, FLAGS, Flag
+from reference_trainers.common.resolve import resolve_config
 
 PROPERTY_NUM_ENVS = 3
 PIXEL_OVERRIDES = ["env.id=pixel_env:PixelDot-v0", "model.body=cnn", "optimizations.torch_threads=1"]
@@ -19,70 +25,66 @@ PIXEL_OVERRIDES = ["env.id=pixel_env:PixelDot-v0", "model.body=cnn", "optimizati
 pixel paths stay fast inside hypothesis examples (no Atari there). One intra-op thread: tiny
 convolutions on a busy 2-core machine run ~10x slower with two spinning OpenMP threads."""
 
+COMPILING = {"optimizations.compile_model", "optimizations.compile_train_step", "optimizations.compile_cpp_wrapper",
+             "optimizations.aten_tanh", "optimizations.gather_in_step"}
+"""Drawn only where a test asks for compile flags (each compiled example costs seconds)."""
+NEVER_DRAWN = {"optimizations.compile_mode", "optimizations.amp_dtype", "optimizations.inference_batch_size"}
+"""Settings drawn with the flag they belong to (below), or left at their plain value."""
+LSTM_OVERRIDES = ["model.recurrent=lstm", "model.recurrent_size=8", f"ppo.num_minibatches={PROPERTY_NUM_ENVS}"]
+
+
+def _applies(entry: Flag, algo: str, device: str, pixels: bool) -> bool:
+    base_algo = "ppo" if algo == "ppo-lstm" else algo
+    if entry.role == ALGORITHM and entry.section not in ("env", base_algo):
+        return False
+    return (base_algo in entry.algos and device.split(":")[0] in entry.devices
+            and ("cnn" if pixels else "mlp") in entry.bodies)
+
+
+def _values(entry: Flag, classes: tuple[str, ...]) -> list[Any]:
+    return [v for v in entry.optimised if entry.parity_of(v) in classes]
+
+
+def _rejected_key(combo: dict[str, Any], algo: str, device: str, pixels: bool) -> str | None:
+    """The key the resolver names when it rejects ``combo`` (its last key if it names none); None if it resolves."""
+    base_algo = "ppo" if algo == "ppo-lstm" else algo
+    scene = (PIXEL_OVERRIDES if pixels else []) + (LSTM_OVERRIDES if algo == "ppo-lstm" else [])
+    try:
+        resolve_config(build_config({"algo": base_algo}, [f"device={device}", f"env.num_envs={PROPERTY_NUM_ENVS}",
+                                                          *scene, *as_overrides(combo)]))
+    except ConfigError as exc:
+        named = str(exc).split(":")[0]
+        return named if named in combo else next(reversed(combo))
+    return None
+
 
 @st.composite
 def optimisation_combos(draw: st.DrawFn, *, algo: str = "ppo", device: str = "cpu",
                         classes: tuple[str, ...] = (EXACT, FP_REORDER, REDUCED_PRECISION),
                         compile_flags: bool = False, pixels: bool = False) -> dict[str, Any]:
-    """Draw a set of non-plain flag values from the given parity classes (``pixels``: for the
-    image env of ``PIXEL_OVERRIDES``, where ``uint8_transfer`` applies)."""
-    import torch
-
-    on_cuda = device.startswith("cuda")
+    """Draw non-plain values of registry flags from the given parity classes (``pixels``: for the
+    image env of ``PIXEL_OVERRIDES``; ``algo`` may be ``ppo-lstm``, recurrent PPO)."""
     combo: dict[str, Any] = {}
-
-    def maybe(key: str, values: st.SearchStrategy[Any]) -> None:
-        value = draw(values)
-        if value is not None:
-            combo[key] = value
-
-    if EXACT in classes:
-        maybe("env.vectorization", st.sampled_from([None, "sync"]))
-        if draw(st.booleans()):
-            combo["optimizations.batch_inference"] = True
-            maybe("optimizations.inference_batch_size", st.none() | st.integers(1, PROPERTY_NUM_ENVS))
-        if draw(st.booleans()):
-            combo["optimizations.sync_free_logging"] = True
-        if algo in ("dqn", "iqn") and draw(st.booleans()):
-            combo["optimizations.replay"] = "tensor"
-        maybe("optimizations.num_workers", st.sampled_from([None, 1, 2]))
-        if pixels and draw(st.booleans()):
-            combo["optimizations.uint8_transfer"] = True
-        if on_cuda:
-            if draw(st.booleans()):
-                combo["optimizations.pinned_memory"] = True
-            if draw(st.booleans()):
-                combo["optimizations.non_blocking"] = True
-    if FP_REORDER in classes:
-        # capturable Adam (device-side step counts): recurrent PPO's update loops over time steps in Python
-        if on_cuda and algo != "ppo-lstm" and draw(st.booleans()):
-            combo["optimizations.cuda_graphs"] = True
-        impls = ["foreach"] + (["fused"] if dev.supports_fused_adam(torch.device(device)) else [])
-        maybe("optimizations.optimizer_impl", st.sampled_from([None, *impls]))
-        if device == "cpu":
-            maybe("optimizations.torch_threads", st.sampled_from([None, 1]))
-        if algo == "ppo" and draw(st.booleans()):
-            combo["optimizations.lean_rollout"] = True
-        # NumPy acting: CPU MLP policies in float32 (no autocast, no reduced-precision matmuls below)
-        if device == "cpu" and algo in ("ppo", "dqn") and not pixels and not compile_flags and draw(st.booleans()):
-            combo["optimizations.numpy_acting"] = True
-        if compile_flags:
-            which = draw(st.sampled_from(["compile_model", "compile_train_step", "both"]))
-            if which in ("compile_model", "both"):
-                combo["optimizations.compile_model"] = True
-            if which in ("compile_train_step", "both") and not combo.get("optimizations.cuda_graphs"):
-                combo["optimizations.compile_train_step"] = True
-    if REDUCED_PRECISION in classes and not combo.get("optimizations.numpy_acting"):
-        dtypes = ["bfloat16"] if dev.supports_bf16(torch.device(device)) else []
-        if not combo.get("optimizations.cuda_graphs"):
-            dtypes.append("float16")
-        amp = draw(st.sampled_from([None, *dtypes]))
-        if amp is not None:
-            combo["optimizations.amp"] = True
-            combo["optimizations.amp_dtype"] = amp
-        maybe("optimizations.matmul_precision", st.sampled_from([None, "high", "medium"]))
-        if on_cuda and dev.supports_tf32(torch.device(device)):
-            maybe("optimizations.tf32", st.sampled_from([None, True]))
+    for entry in FLAGS:
+        if entry.key in NEVER_DRAWN or (entry.key in COMPILING and not compile_flags):
+            continue
+        values = _values(entry, classes)
+        if not values or not _applies(entry, algo, device, pixels):
+            continue
+        value = draw(st.sampled_from([None, *values]))
+        if value is None:
+            continue
+        combo[entry.key] = value
+        if entry.key == "optimizations.amp":
+            combo["optimizations.amp_dtype"] = draw(st.sampled_from(["bfloat16", "float16"]))
+        if entry.key == "optimizations.batch_inference" and draw(st.booleans()):
+            combo["optimizations.inference_batch_size"] = draw(st.integers(1, PROPERTY_NUM_ENVS))
+    if compile_flags and not any(k in combo for k in ("optimizations.compile_model", "optimizations.compile_train_step")):
+        combo["optimizations.compile_train_step"] = True
+    while combo and (key := _rejected_key(combo, algo, device, pixels)) is not None:
+        del combo[key]
+        if key == "optimizations.amp":
+            combo.pop("optimizations.amp_dtype", None)
     return combo
 
 

@@ -17,8 +17,8 @@ from reference_trainers.common.resolve import resolve_config
 from results_factory import make_result
 
 CPU = ["device=cpu"]
-CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "sync_free_logging", "torch_threads", "lean_rollout",
-             "numpy_acting",
+CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "direct_adam_step", "sync_free_logging",
+             "torch_threads", "lean_rollout", "stacked_mlps", "fused_gae", "packed_gather", "numpy_acting",
              "analytic_grads"}
 
 
@@ -35,7 +35,10 @@ def test_flags_are_the_keys_the_variants_differ_in_that_the_device_honours() -> 
 def test_arms_are_baseline_each_alone_all_on_and_leave_one_out() -> None:
     plan = plan_ablation("ppo-cartpole", CPU)
     names = [f.name for f in plan.flags]
-    assert list(plan.arms) == ["baseline", *(f"+{n}" for n in names), "all-on", *(f"-{n}" for n in names)]
+    alone = [f.name for f in plan.flags if f.alone]
+    assert list(plan.arms) == ["baseline", *(f"+{n}" for n in alone), "all-on", *(f"-{n}" for n in names)]
+    # a flag that builds on another (the direct Adam kernel call on fused Adam) is measured in the stack only
+    assert "direct_adam_step" in names and "direct_adam_step" not in alone
     assert plan.arms["+batch_inference"] == {"optimizations.batch_inference": True}
     assert "optimizations.torch_threads" not in plan.arms["-torch_threads"]
     assert len(plan.arms["-torch_threads"]) == len(names) - 1
@@ -51,9 +54,9 @@ def test_all_on_arm_is_the_optimized_variant_and_baseline_arm_the_baseline() -> 
 
 def test_flags_option_keeps_only_the_named_flags_short_or_dotted() -> None:
     plan = plan_ablation("ppo-cartpole", CPU, ["optimizations.batch_inference", "torch_threads"])
-    assert [f.name for f in plan.flags] == ["batch_inference", "torch_threads"]
-    assert list(plan.arms) == ["baseline", "+batch_inference", "+torch_threads", "all-on", "-batch_inference",
-                               "-torch_threads"]
+    assert [f.name for f in plan.flags] == ["torch_threads", "batch_inference"]  # registry order
+    assert list(plan.arms) == ["baseline", "+torch_threads", "+batch_inference", "all-on", "-torch_threads",
+                               "-batch_inference"]
     assert plan.not_applicable == {}
 
 

@@ -58,6 +58,9 @@ CASES = [
     ("dqn", "optimizations.replay=tensor", "dqn.prioritized_replay=true", "dqn.n_step=3"),
     ("dqn", "env.vectorization=serial", "dqn.n_step=3", "dqn.double_q=true"),
     ("dqn", "optimizations.numpy_acting=true", "optimizations.batch_inference=true"),
+    ("dqn", "optimizations.numpy_acting=true", "optimizations.block_noise=true", "tuning.noise_block_steps=7"),
+    ("dqn", "optimizations.replay=tensor", "optimizations.replay_direct_write=true", "optimizations.optimizer_impl=fused",
+     "optimizations.direct_adam_step=true"),
     ("dqn", "optimizations.replay=tensor", "dqn.buffer_size=40"),  # a full ring when the checkpoint is taken
     ("iqn",),
     ("iqn", "optimizations.replay=tensor", "iqn.prioritized_replay=true", "env.id=Acrobot-v1"),

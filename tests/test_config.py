@@ -10,18 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from reference_trainers.common.config import (
-    ConfigError,
-    OptimizationsConfig,
-    TrainConfig,
-    apply_overrides,
-    build_config,
-    deep_merge,
-    load_config,
-    parse_override,
-    read_yaml,
-    to_plain_dict,
-)
+from reference_trainers.common.config import OptimizationsConfig, TrainConfig, build_config, load_config, to_plain_dict
+from reference_trainers.common.config_files import apply_overrides, deep_merge, parse_override, read_yaml
+from reference_trainers.common.errors import ConfigError
 
 
 def config_error(overrides: list[str], data: dict | None = None) -> str:

@@ -1,5 +1,5 @@
-"""IQN (reference_trainers/iqn.py, IQNNetwork in common/networks.py): the quantile Huber loss on a
-hand-computed case and against the paper's formula under autograd, its pairwise (N x N')
+"""IQN (reference_trainers/iqn.py, IQNNetwork in common/networks.py): the quantile Huber loss (its
+autograd and hand-written forms) on a hand-computed case and against the paper's formula under autograd, its pairwise (N x N')
 structure, the cosine tau embedding, network shapes, targets, and the fractions the trainer samples."""
 
 from __future__ import annotations
@@ -37,21 +37,25 @@ HAND = {"quantiles": [[0.0, 1.0]], "targets": [[0.5, 3.0]], "taus": [[0.25, 0.75
 #   d/dq_i = -(1/N') sum_j w_ij clamp(delta_ij, -2, 2) / 2: -(0.125 + 0.5)/4, -(-0.125 + 1.5)/4
 
 
+@pytest.mark.parametrize("hand_written", [False, True], ids=["autograd", "hand-written"])
 @pytest.mark.parametrize(("kappa", "loss", "grad"), [(1.0, 0.90625, [-0.1875, -0.3125]),
                                                      (2.0, 0.640625, [-(0.125 + 0.5) / 2 / 2, -(-0.125 + 1.5) / 2 / 2])])
-def test_quantile_huber_loss_hand_computed(kappa: float, loss: float, grad: list[float]) -> None:
+def test_quantile_huber_loss_hand_computed(kappa: float, loss: float, grad: list[float], hand_written: bool) -> None:
     quantiles = torch.tensor(HAND["quantiles"], requires_grad=True)
-    value = quantile_huber_loss(quantiles, torch.tensor(HAND["targets"]), torch.tensor(HAND["taus"]), kappa)
+    value = quantile_huber_loss(quantiles, torch.tensor(HAND["targets"]), torch.tensor(HAND["taus"]), kappa,
+                                hand_written)
     assert value.shape == (1,) and value.dtype == torch.float32
     assert value.item() == pytest.approx(loss, abs=1e-7)
     value.sum().backward()
     torch.testing.assert_close(quantiles.grad, torch.tensor([grad]), rtol=0, atol=1e-7)
 
 
+@pytest.mark.parametrize("hand_written", [False, True], ids=["autograd", "hand-written"])
 @given(batch=st.integers(1, 5), n=st.integers(1, 9), n_prime=st.integers(1, 9), kappa=st.sampled_from([0.5, 1.0, 3.0]),
        seed=st.integers(0, 2**16), ties=st.booleans())
 def test_quantile_huber_loss_matches_the_paper_formula_and_its_autograd(batch: int, n: int, n_prime: int,
-                                                                        kappa: float, seed: int, ties: bool) -> None:
+                                                                        kappa: float, seed: int, ties: bool,
+                                                                        hand_written: bool) -> None:
     gen = torch.Generator().manual_seed(seed)
     quantiles = (torch.randn(batch, n, generator=gen) * 2).requires_grad_()
     targets = torch.randn(batch, n_prime, generator=gen) * 2
@@ -59,7 +63,7 @@ def test_quantile_huber_loss_matches_the_paper_formula_and_its_autograd(batch: i
         targets[:, 0] = quantiles.detach()[:, 0]
     taus = torch.rand(batch, n, generator=gen)
     upstream = torch.rand(batch, generator=gen)
-    fast = quantile_huber_loss(quantiles, targets, taus, kappa)
+    fast = quantile_huber_loss(quantiles, targets, taus, kappa, hand_written)
     (fast * upstream).sum().backward()
     fast_grad, quantiles.grad = quantiles.grad.clone(), None
     reference = textbook_loss(quantiles, targets, taus, kappa)
@@ -90,8 +94,9 @@ def test_quantile_huber_loss_averages_over_all_n_by_n_prime_pairs() -> None:
     assert (q.grad[1] != 0).all() and (q.grad[[0, 2]] == 0).all()
 
 
-def test_quantile_huber_loss_is_zero_when_all_quantiles_equal_all_targets() -> None:
-    loss = quantile_huber_loss(torch.ones(2, 3), torch.ones(2, 4), torch.rand(2, 3), 1.0)
+@pytest.mark.parametrize("hand_written", [False, True], ids=["autograd", "hand-written"])
+def test_quantile_huber_loss_is_zero_when_all_quantiles_equal_all_targets(hand_written: bool) -> None:
+    loss = quantile_huber_loss(torch.ones(2, 3), torch.ones(2, 4), torch.rand(2, 3), 1.0, hand_written)
     assert torch.equal(loss, torch.zeros(2))
 
 

@@ -224,7 +224,8 @@ def test_numpy_acting_runs_one_forward_per_sub_env_unless_batched(monkeypatch: p
     rows: list[int] = []
     real = NumpyMLP.__call__
     monkeypatch.setattr(NumpyMLP, "__call__", lambda self, x: rows.append(x.shape[0]) or real(self, x))
-    for trainer in (ppo(f"optimizations.batch_inference={str(batched).lower()}", "optimizations.numpy_acting=true"),
+    for trainer in (ppo(f"optimizations.batch_inference={str(batched).lower()}", "optimizations.numpy_acting=true",
+                        "optimizations.stacked_mlps=true"),  # actor and critic as one forward
                     make("dqn", f"optimizations.batch_inference={str(batched).lower()}", "optimizations.numpy_acting=true")):
         try:
             rows.clear()
@@ -278,13 +279,14 @@ def test_dqn_numpy_acting_keeps_fp_reorder_parity() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_host_noise_gives_the_per_step_draws(rows: int) -> None:
-    """Blocks of draws hand out, step by step and across a block's end, what one torch call per
-    step gives from the same generators."""
+@pytest.mark.parametrize("block", [1, 16])
+def test_host_noise_gives_the_per_step_draws(rows: int, block: int) -> None:
+    """Blocks of draws (``block_noise``) hand out, step by step and across a block's end, what one
+    torch call per step (a block of one, the plain path) gives from the same generators."""
     from reference_trainers.common.value_based import HostNoise
 
-    steps = HostNoise.BLOCK_STEPS + 5
-    noise = HostNoise(rows, 3, torch.Generator().manual_seed(1), torch.Generator().manual_seed(2))
+    steps = 2 * block + 5
+    noise = HostNoise(rows, 3, torch.Generator().manual_seed(1), torch.Generator().manual_seed(2), block)
     explore, action = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
     for _ in range(steps):
         uniform, random_action = noise.next()
@@ -332,7 +334,7 @@ def test_auto_turns_numpy_acting_on_for_cpu_mlp_policies() -> None:
 
 
 @pytest.mark.parametrize("extra, reason", [
-    (["algo=iqn"], "not algo 'iqn'"),
+    (["algo=iqn"], "not 'iqn'"),
     (["optimizations.amp=true"], "float32"),
     (["optimizations.matmul_precision=medium"], "float32"),
     (["optimizations.compile_model=true"], "compile_model"),
@@ -340,7 +342,7 @@ def test_auto_turns_numpy_acting_on_for_cpu_mlp_policies() -> None:
 ])
 def test_numpy_acting_true_is_refused_where_it_cannot_run(extra: list[str], reason: str) -> None:
     overrides = TINY + PPO_ON + extra
-    with pytest.raises(ConfigError, match=f"numpy_acting: true cannot be used here.*{reason}"):
+    with pytest.raises(ConfigError, match=f"numpy_acting: true .*{reason}"):
         resolve_config(build_config({}, overrides))
 
 

@@ -13,12 +13,21 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from results_factory import make_result
 
 from harness import runs_md
 from harness.errors import UserError
 from harness.results import load_results, save_results
-from harness.runs_md import COLUMNS, HEADER, append_rows, check_milestone, format_rows, new_file_text, table_end
-from results_factory import make_result
+from harness.runs_md import (
+    COLUMNS,
+    HEADER,
+    append_rows,
+    check_milestone,
+    format_rows,
+    new_file_text,
+    table_end,
+)
+from reference_trainers.common import atomic_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,7 +176,7 @@ def test_an_interrupted_append_leaves_the_old_file_and_no_temporary(tmp_path: Pa
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runs_md.os, "replace", interrupted)
+    monkeypatch.setattr(atomic_file.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         append_rows(path, format_rows("two", [[make_result()]]))
     assert path.read_bytes() == before
@@ -184,12 +193,13 @@ def test_a_record_killed_mid_write_leaves_a_valid_file_and_frees_the_lock(tmp_pa
         import os, sys, time
         sys.path.insert(0, {str(REPO_ROOT / 'tests')!r})
         from harness import runs_md
+        from reference_trainers.common import atomic_file
         from results_factory import make_result
         real_fsync = os.fsync
         def stall(fd):
             open({str(started)!r}, "w").close()
             time.sleep(60)
-        runs_md.os.fsync = stall
+        atomic_file.os.fsync = stall
         runs_md.append_rows(runs_md.Path({str(path)!r}), runs_md.format_rows("killed", [[make_result()] * 50]))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT)

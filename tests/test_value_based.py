@@ -542,7 +542,7 @@ def test_value_based_cartpole_learns_both_variants(algo: str, variant: str, seed
     best = -math.inf
     original_threads = torch.get_num_threads()
     try:
-        while trainer.env_steps < 100_000 and best < 195.0:
+        while trainer.env_steps < 160_000 and best < 195.0:
             trainer.iterate()
             mean = trainer.mean_recent_return()
             if trainer.tracker.completed >= 20 and mean is not None:
@@ -554,12 +554,12 @@ def test_value_based_cartpole_learns_both_variants(algo: str, variant: str, seed
 
 
 def test_one_step_tensor_replay_inserts_directly_and_trains_as_the_general_insert() -> None:
-    """With a one-step writer and CPU tensor replay, steps with no reset row skip the writer's
-    batch (``ReplayBuffer.add_one_step``); the run ends with the parameters and replay of the
-    general insert, bit for bit."""
+    """Under ``replay_direct_write`` (one-step writer, CPU tensor replay) steps with no reset row
+    skip the writer's batch (``ReplayBuffer.add_one_step``); the run ends with the parameters and
+    replay of the general insert, bit for bit."""
     flags = ("optimizations.replay=tensor", "env.vectorization=sync")
-    direct, general = make("dqn", *flags), make("dqn", *flags)
-    general.one_step = False
+    direct = make("dqn", *flags, "optimizations.replay_direct_write=true")
+    general = make("dqn", *flags, "optimizations.replay_direct_write=false")
     pushes = []
     push = direct.writer.push
     direct.writer.push = lambda *args: pushes.append(1) or push(*args)  # type: ignore[method-assign]

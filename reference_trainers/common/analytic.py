@@ -8,9 +8,15 @@ torch's own backward functions use (``AddmmBackward``, ``TanhBackward``,
 ``ThresholdBackward``), under ``no_grad``. The loss's gradient with respect to the network
 outputs is the algorithm's (``ppo.ppo_loss_grads``). Same maths as autograd, reassociated
 sums: the fp-reorder parity class. Guarded by tests/test_analytic.py.
+
+``optimizations.aten_tanh``: inside a compiled CPU step, tanh on activations of at least
+``tuning.aten_tanh_min_elements`` elements calls ATen's kernel instead of the one inductor
+generates (``tanh``; the threshold reaches ``mlp_forward`` as an argument).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,14 +24,10 @@ from torch import nn
 
 from .networks import MLP
 
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
 ACTIVATION_NAMES: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
-
-ATEN_TANH_MIN_ELEMENTS = 32_768
-"""From this many elements, a compiled CPU step calls ATen's tanh rather than inductor's own.
-
-Measured with torch 2.13 on an AVX-512 CPU: inductor's generated tanh took ~108 us for a
-2048 x 64 activation against ~34 us for ATen's kernel, while for a 128 x 64 one the call out
-of the compiled kernel cost more than it saved."""
 
 
 @torch.library.custom_op("rlgauge::aten_tanh", mutates_args=())
@@ -39,10 +41,17 @@ def _aten_tanh_shape(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def tanh(x: torch.Tensor) -> torch.Tensor:
-    """``torch.tanh``; in a compiled CPU step on a large activation, ATen's kernel (``ATEN_TANH_MIN_ELEMENTS``)."""
-    if (torch.compiler.is_compiling() and x.device.type == "cpu" and x.numel() >= ATEN_TANH_MIN_ELEMENTS
-            and not torch.is_grad_enabled()):
+def aten_tanh_from(config: TrainConfig) -> int | None:
+    """``optimizations.aten_tanh``: the activation size (``tuning.aten_tanh_min_elements``) from which
+    a compiled CPU step calls ATen's tanh; None (the plain path): inductor's own everywhere."""
+    return config.tuning.aten_tanh_min_elements if config.optimizations.aten_tanh else None
+
+
+def tanh(x: torch.Tensor, aten_from: int | None = None) -> torch.Tensor:
+    """``torch.tanh``; in a compiled CPU step on an activation of at least ``aten_from`` elements
+    (``aten_tanh_from``), ATen's kernel as one opaque op."""
+    if (aten_from is not None and torch.compiler.is_compiling() and x.device.type == "cpu"
+            and x.numel() >= aten_from and not torch.is_grad_enabled()):
         return aten_tanh(x)
     return torch.tanh(x)
 
@@ -54,8 +63,10 @@ def supports(mlp: nn.Module) -> bool:
     return all(isinstance(layer, nn.Linear) or type(layer) in ACTIVATION_NAMES for layer in mlp)
 
 
-def mlp_forward(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[nn.Linear, torch.Tensor, str | None]]]:
-    """The MLP's output and, per linear layer, (layer, its input, the activation applied to its input or None)."""
+def mlp_forward(mlp: MLP, x: torch.Tensor, aten_tanh_from: int | None = None
+                ) -> tuple[torch.Tensor, list[tuple[nn.Linear, torch.Tensor, str | None]]]:
+    """The MLP's output and, per linear layer, (layer, its input, the activation applied to its input or None).
+    ``aten_tanh_from``: see ``tanh`` (None: ``torch.tanh``)."""
     saved: list[tuple[nn.Linear, torch.Tensor, str | None]] = []
     activation: str | None = None
     for layer in mlp:
@@ -65,7 +76,7 @@ def mlp_forward(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[nn.
             activation = None
         else:
             activation = ACTIVATION_NAMES[type(layer)]
-            x = tanh(x) if activation == "tanh" else torch.relu(x)
+            x = tanh(x, aten_tanh_from) if activation == "tanh" else torch.relu(x)
     return x, saved
 
 

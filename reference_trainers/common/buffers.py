@@ -255,9 +255,10 @@ class ReplayBuffer:
 
     def add_one_step(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
                      terminated: np.ndarray, gamma: np.float32) -> bool:
-        """``add(OneStepWriter.push(...))`` for a step with no reset row, written straight into a
-        CPU tensor storage under uniform sampling (``TensorStorage.write_one_step``). False,
-        adding nothing, where that path does not apply: the caller then takes the general one."""
+        """``replay_direct_write``: ``add(OneStepWriter.push(...))`` for a step with no reset row,
+        written straight into a CPU tensor storage under uniform sampling
+        (``TensorStorage.write_one_step``). False, adding nothing, where that path does not apply
+        (another storage or sampler, across the ring's end): the caller then takes the general one."""
         write = self._write_one_step
         if write is None or not write(self.position, obs, actions, rewards, next_obs, terminated, gamma):
             return False

@@ -12,16 +12,16 @@ What a trainer's state holds is ``trainer_state.Checkpointable``; what an env's 
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from .atomic_file import write_atomically
 
 
 FORMAT = "rlgauge-checkpoint"
@@ -91,18 +91,7 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(Path(path), lambda handle: torch.save(payload, handle))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Typed, validated training configuration: YAML + ``--set`` overrides -> ``TrainConfig``.
+"""Typed, validated training configuration: a mapping (plus ``--set`` overrides) -> ``TrainConfig``.
 
 Every implementation flag of the design lives in ``OptimizationsConfig`` with its plain
 value as the default. Unknown keys, wrong types and out-of-range values raise
@@ -9,12 +9,14 @@ Per-device resolution of ``auto`` values lives in ``resolve.py``.
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
+
+from .config_files import apply_overrides, read_yaml
+from .errors import ConfigError
+from .flags import OPTIMISATION_FLAGS, TUNING
 
 Auto = Literal["auto"]
 
@@ -29,10 +31,6 @@ def _accepted_scalars(annotation: Any) -> set[str]:
     if get_origin(annotation) is Annotated:
         return _accepted_scalars(args[0])
     return set().union(*(_accepted_scalars(a) for a in args)) if args else set()
-
-
-class ConfigError(ValueError):
-    """A configuration the user wrote is invalid; ``str(err)`` is one line."""
 
 
 class _Section(BaseModel):
@@ -193,55 +191,18 @@ class IQNConfig(ValueConfig):
     """Huber threshold of the quantile Huber loss."""
 
 
-class OptimizationsConfig(_Section):
-    """Training-speed flags; each default is the plain path."""
+OptimizationsConfig: type[_Section] = create_model(
+    "OptimizationsConfig", __base__=_Section, __doc__="Training-speed flags (``flags.py``); each default is the plain path.",
+    **{f.name: f.schema_field() for f in OPTIMISATION_FLAGS},
+)
 
-    batch_inference: bool = False
-    """Plain: one forward per env and a host copy per sample. On: one batched forward."""
-    inference_batch_size: int | None = Field(None, ge=1)
-    """Chunk size of the batched forward; None = num_envs."""
-    amp: Union[bool, Auto] = False
-    """Autocast the forward passes (bf16, or fp16 with GradScaler)."""
-    amp_dtype: Literal["bfloat16", "float16", "auto"] = "auto"
-    matmul_precision: Literal["highest", "high", "medium", "auto"] = "highest"
-    tf32: Union[bool, Auto] = False
-    compile_model: Union[bool, Auto] = False
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    compile_train_step: Union[bool, Auto] = False
-    cuda_graphs: Union[bool, Auto] = False
-    pinned_memory: Union[bool, Auto] = False
-    non_blocking: Union[bool, Auto] = False
-    optimizer_impl: Literal["forloop", "foreach", "fused", "auto"] = "forloop"
-    sync_free_logging: bool = False
-    """Plain: ``.item()`` per logged value. On: float32 device accumulators, one sync per log."""
-    torch_threads: Union[Annotated[int, Field(ge=1, le=1024)], Auto, None] = None
-    """Intra-op CPU threads while this trainer runs; None = torch's default (all cores).
-    Small models spend more on thread hand-off than they gain from it."""
-    uint8_transfer: Union[bool, Auto] = False
-    """Plain: pixel observations become float32 on the host before the host->device copy.
-    On: they cross as uint8 (a quarter of the bytes) and are normalised on the device."""
-    num_workers: int = Field(0, ge=0, le=64)
-    """Background threads that assemble the next minibatches (PPO minibatch gathers,
-    DQN/IQN replay gathers) while the current update runs; 0 = inline (plain)."""
-    lean_rollout: bool = False
-    """PPO. Plain: each rollout step's tensors cross to the device and are written to storage
-    as they come; GAE is a loop of elementwise ops per step; a minibatch is one gather per
-    field. On: the reset mask, rewards and done flags cross once per rollout, GAE is one fused
-    multiply-add per step, a minibatch is one gather of a packed batch."""
-    analytic_grads: Union[bool, Auto] = False
-    """PPO (MLP actor-critic, discrete actions) and DQN (MLP Q-network). Plain: autograd records
-    the forward and runs its backward. On: the gradients of the loss and of every layer are computed by
-    hand under no_grad (no graph, a few fused ops per layer); ``auto`` = on for the CPU where
-    the model allows it and no AMP, compile or CUDA graphs is asked for."""
-    numpy_acting: Union[bool, Auto] = False
-    """PPO and DQN, MLP bodies on the CPU. Plain: the acting forward and the action choice are
-    torch ops. On: they run in NumPy over zero-copy views of the weights (torch's random draws
-    unchanged; per sub-env or batched as ``batch_inference`` says); with lean_rollout PPO stages
-    the rollout on the host and copies it once; ``auto`` = on for the CPU where the model and
-    the flags allow it."""
-    replay: Literal["list", "tensor", "auto"] = "list"
-    """DQN/IQN replay storage. list: a Python list of numpy transitions, converted per sampled
-    minibatch (plain); tensor: preallocated device tensors, batched insert, device-side gather."""
+
+class TuningConfig(_Section):
+    """Thresholds that feed ``auto`` rules and optimised paths (``flags.TUNINGS`` says why each)."""
+
+    small_update_elements: int = Field(TUNING["small_update_elements"].default, ge=1)
+    aten_tanh_min_elements: int = Field(TUNING["aten_tanh_min_elements"].default, ge=1)
+    noise_block_steps: int = Field(TUNING["noise_block_steps"].default, ge=1, le=1_000_000)
 
 
 class StabilityConfig(_Section):
@@ -287,7 +248,8 @@ class TrainConfig(_Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     dqn: DQNConfig = Field(default_factory=DQNConfig)
     iqn: IQNConfig = Field(default_factory=IQNConfig)
-    optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
+    optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)  # type: ignore[valid-type]
+    tuning: TuningConfig = Field(default_factory=TuningConfig)
     stability: StabilityConfig = Field(default_factory=StabilityConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -310,7 +272,7 @@ class TrainConfig(_Section):
 
 
 ALGORITHM_SECTIONS = ("ppo", "dqn", "iqn")
-_SECTIONS = ("env", "model", *ALGORITHM_SECTIONS, "optimizations", "stability", "distributed", "run")
+_SECTIONS = ("env", "model", *ALGORITHM_SECTIONS, "optimizations", "tuning", "stability", "distributed", "run")
 
 # --------------------------------------------------------------------------- errors
 
@@ -388,126 +350,6 @@ def _union_accepts(key: str) -> str | None:
         return "an integer in 1..1024, 'auto' or null"
     field = OptimizationsConfig.model_fields.get(name)
     return "true, false or 'auto'" if field is not None and field.annotation == Union[bool, Auto] else None
-
-
-# --------------------------------------------------------------------------- loading
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping with the safe loader; ConfigError on any problem."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML config") from None
-    try:
-        data = safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or exc
-        raise ConfigError(f"{path}: malformed YAML{where}: {' '.join(str(problem).split())}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-class _Yaml12Loader(yaml.SafeLoader):
-    """Safe loader that reads YAML 1.2 floats: ``1e-3`` is a number, not a string."""
-
-
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"),
-)
-
-
-MAX_YAML_DEPTH = 64
-MAX_YAML_VALUES = 100_000
-
-
-def safe_load(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 exponent floats; ``yaml.YAMLError`` for a document nested
-    deeper than ``MAX_YAML_DEPTH``, an alias that contains itself, or one that expands (aliases
-    followed) to more than ``MAX_YAML_VALUES`` values."""
-    try:
-        data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError:
-        raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
-    _check_tree(data)
-    return data
-
-
-def _check_tree(data: Any) -> None:
-    """Walk the loaded document as later code will (aliases expanded), within depth and size bounds."""
-    seen = 0
-    open_nodes: set[int] = set()
-
-    def walk(node: Any, depth: int) -> None:
-        nonlocal seen
-        seen += 1
-        if seen > MAX_YAML_VALUES:
-            raise yaml.YAMLError(f"more than {MAX_YAML_VALUES:,} values once aliases are expanded")
-        if not isinstance(node, (dict, list)):
-            return
-        if id(node) in open_nodes:
-            raise yaml.YAMLError("an alias refers to a collection that contains it")
-        if depth >= MAX_YAML_DEPTH:
-            raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
-        open_nodes.add(id(node))
-        for child in node.values() if isinstance(node, dict) else node:
-            walk(child, depth + 1)
-        open_nodes.discard(id(node))
-
-    walk(data, 0)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``'optimizations.amp=true'`` -> (['optimizations', 'amp'], True); values are YAML scalars."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. optimizations.amp=true")
-    try:
-        value = safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, (dict, list)) and not raw.strip().startswith(("[", "{")):
-        value = raw.strip()  # 'cuda:' or 'a: b' are text, not YAML mappings
-    return key.split("."), value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``KEY=VALUE`` set (nested dicts created as needed)."""
-    merged = deep_merge({}, data)
-    for text in overrides:
-        path, value = parse_override(text)
-        node = merged
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part} is a value, not a section")
-            node = child
-        node[path[-1]] = value
-    return merged
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; ``update`` wins; inputs are not modified."""
-    out = {k: deep_merge({}, v) if isinstance(v, dict) else v for k, v in base.items()}
-    for key, value in update.items():
-        if isinstance(value, dict):
-            out[key] = deep_merge(out[key] if isinstance(out.get(key), dict) else {}, value)
-        else:
-            out[key] = value
-    return out
 
 
 def build_config(data: dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:

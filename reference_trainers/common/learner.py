@@ -1,12 +1,13 @@
 """The update half of every trainer: one optimiser step with every update-side flag.
 
 ``Learner`` owns the Adam optimiser (``optimizer_impl``; capturable with a tensor learning
-rate under ``cuda_graphs``), the GradScaler (float16 AMP), the training statistics
-(``sync_free_logging``), gradient clipping (``stability.max_grad_norm``) and the NaN/Inf
-policy (``stability.nan_policy``). A trainer hands it a loss closure and calls ``step`` per
-minibatch; the closure is compiled (``compile_train_step``) or captured in a CUDA graph
-(``cuda_graphs``) here, once for PPO, DQN and IQN alike. The model-side flag
-(``compile_model``) and the process-wide settings (precision, threads) live here too.
+rate under ``cuda_graphs``; its fused kernel called directly under ``direct_adam_step``), the
+GradScaler (float16 AMP), the training statistics (``sync_free_logging``), gradient clipping
+(``stability.max_grad_norm``) and the NaN/Inf policy (``stability.nan_policy``). A trainer
+hands it a loss closure and calls ``step`` per minibatch; the closure is compiled
+(``compile_train_step``) or captured in a CUDA graph (``cuda_graphs``) here, once for PPO, DQN
+and IQN alike. The model-side flag (``compile_model``) and the process-wide settings
+(precision, threads) live here too.
 Under ``distributed.enabled`` the model is wrapped in DistributedDataParallel here
 (``train_model``), so every trainer averages its gradients over the ranks.
 """
@@ -108,9 +109,9 @@ class Learner:
         # a closure that sets every gradient writes them into one flat buffer: clipping is one norm and one scale
         self.flat_grad = flat_gradients(self.params) if sets_grads else None
         self.foreach_clip = o.optimizer_impl != "forloop"
-        # fused Adam without a GradScaler: the kernel is called directly (same kernel, same state)
-        self.direct_step = (FusedAdamStep(self.optimizer) if o.optimizer_impl == "fused" and not o.cuda_graphs
-                            and not self.loss_scaling else None)
+        # direct_adam_step: the fused kernel called directly on the optimiser's state (resolve allows it with
+        # fused Adam, no CUDA graph capture and no GradScaler); plain: ``optimizer.step()``
+        self.direct_step = FusedAdamStep(self.optimizer) if o.direct_adam_step else None
         self.stats = make_stats(o.sync_free_logging, device)
         self.cuda_graphs = bool(o.cuda_graphs)
         self.loss_and_grads: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]] = (

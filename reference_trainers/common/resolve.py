@@ -16,6 +16,7 @@ from . import distributed
 from .config import ConfigError, TrainConfig
 from .atari import is_ale_env, is_image_space
 from .envs import EnvConfigError, atari_settings_from, check_env_id, resolve_vectorization, single_spaces
+from .flags import ALGORITHM, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, Context, Flag
 
 VALUE_BASED = ("dqn", "iqn")
 
@@ -45,7 +46,6 @@ def resolve_config(config: TrainConfig) -> Resolution:
     resolved.device = str(device)
     o = resolved.optimizations
     kind = device.type
-    on_cuda = kind == "cuda"
 
     try:
         check_env_id(resolved.env.id)
@@ -65,77 +65,22 @@ def resolve_config(config: TrainConfig) -> Resolution:
         raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} runs on the MLP body; accepted with image "
                           "observations (model.body: cnn): none")
 
-    def need_cuda(name: str, value: object) -> None:
-        if value is True and not on_cuda:
-            raise ConfigError(f"optimizations.{name}: true needs a CUDA device, but the resolved device is {device}; accepted here: false or auto")
+    ctx = Context(resolved, device, spaces[0], spaces[1], supports_bf16=dev.supports_bf16(device),
+                  supports_fp16_autocast=dev.supports_fp16_autocast(device), supports_tf32=dev.supports_tf32(device),
+                  supports_fused_adam=dev.supports_fused_adam(device))
+    for entry in OPTIMISATION_FLAGS:
+        _resolve_flag(entry, ctx, reasons)
 
-    # Flags that exist only on CUDA: auto = on where they help.
-    for name in ("pinned_memory", "non_blocking", "tf32", "cuda_graphs"):
-        need_cuda(name, getattr(o, name))
-    if o.pinned_memory == "auto":
-        o.pinned_memory = _pick(reasons, "optimizations.pinned_memory", on_cuda, "page-locked staging needs CUDA")
-    if o.non_blocking == "auto":
-        o.non_blocking = _pick(reasons, "optimizations.non_blocking", on_cuda, "asynchronous copies need CUDA")
-    if o.tf32 == "auto":
-        o.tf32 = _pick(reasons, "optimizations.tf32", on_cuda and dev.supports_tf32(device), "TF32 needs compute capability 8.0+")
     if o.tf32 and not dev.supports_tf32(device):
         raise ConfigError(f"optimizations.tf32: true needs a GPU of compute capability 8.0+, {dev.device_name(device)} has none; accepted here: false")
-    if o.cuda_graphs == "auto":
-        o.cuda_graphs = _pick(reasons, "optimizations.cuda_graphs", False, "opt-in: capture is measured per workload")
-
-    if o.matmul_precision == "auto":
-        o.matmul_precision = _pick(reasons, "optimizations.matmul_precision", "high" if on_cuda else "highest",
-                                   "TF32 matmuls on CUDA" if on_cuda else "reduced-precision CPU matmuls are opt-in")
-
-    # AMP: auto = on for CUDA (bf16 where supported, else fp16 + GradScaler).
-    if o.amp_dtype == "auto":
-        o.amp_dtype = _pick(reasons, "optimizations.amp_dtype", "bfloat16" if dev.supports_bf16(device) else "float16",
-                            "bf16 where the device supports it")
     if o.amp_dtype == "bfloat16" and not dev.supports_bf16(device):
         raise ConfigError(f"optimizations.amp_dtype: 'bfloat16' is not supported on {dev.device_name(device)}; accepted here: float16 or auto")
     if o.amp_dtype == "float16" and not dev.supports_fp16_autocast(device):
         raise ConfigError(f"optimizations.amp_dtype: 'float16' autocast is not supported on {kind}; accepted here: bfloat16 or auto")
-    if o.amp == "auto":
-        if o.cuda_graphs and o.amp_dtype == "float16":
-            o.amp = _pick(reasons, "optimizations.amp", False, "float16 AMP cannot be captured by cuda_graphs")
-        else:
-            o.amp = _pick(reasons, "optimizations.amp", on_cuda, "tensor cores on CUDA; small CPU models run slower in autocast")
-
-    if o.compile_model == "auto":
-        o.compile_model = _pick(reasons, "optimizations.compile_model", on_cuda, "kernel fusion pays on CUDA; tiny CPU models run slower compiled")
-    _resolve_analytic_grads(resolved, reasons, spaces[1], on_cpu=kind == "cpu")
-    _resolve_numpy_acting(resolved, reasons, kind)
-    if o.compile_train_step == "auto":
-        # IQN's compiled update on CUDA (torch 2.11, H100) drifted from the eager one: parameters 3e-3 apart
-        # after a dozen updates where DQN's stayed 1e-8 apart, and the policy stopped learning; CPU is exact.
-        iqn_on_cuda = on_cuda and resolved.algo == "iqn"
-        analytic_cpu = kind == "cpu" and bool(o.analytic_grads)
-        o.compile_train_step = _pick(reasons, "optimizations.compile_train_step",
-                                     on_cuda and not o.cuda_graphs and not resolved.distributed.enabled and not iqn_on_cuda,
-                                     "cuda_graphs captures the update instead" if o.cuda_graphs else
-                                     "DDP all-reduces inside backward, which a compiled step would break"
-                                     if resolved.distributed.enabled else
-                                     "IQN's compiled update drifts from the eager one on CUDA" if iqn_on_cuda
-                                     else "compiled autograd updates of small CPU models run slower; with analytic_grads "
-                                          "the compiled hand-written step is ~10% faster but costs seconds of warm-up: "
-                                          "opt in for long runs" if analytic_cpu else "as compile_model")
     if o.compile_mode != "default" and not o.compile_model:
         raise ConfigError(f"optimizations.compile_mode: {o.compile_mode!r} has no effect unless compile_model is true; accepted: default")
-
-    if o.optimizer_impl == "auto":
-        o.optimizer_impl = _pick(reasons, "optimizations.optimizer_impl", "fused" if dev.supports_fused_adam(device) else "foreach",
-                                 "one fused kernel where the device has it")
     if o.optimizer_impl == "fused" and not dev.supports_fused_adam(device):
         raise ConfigError(f"optimizations.optimizer_impl: 'fused' Adam is not available on {kind} with torch {torch.__version__}; accepted here: forloop, foreach")
-
-    if o.torch_threads == "auto":
-        rows = update_rows(resolved)
-        width = 512 if resolved.model.body == "cnn" else max(resolved.model.hidden_sizes)
-        small = width <= 256 and rows * width <= SMALL_UPDATE_ELEMENTS
-        why = (f"one thread: a {rows}x{width} update is too small to split across threads" if small
-               else f"torch default: a {rows}x{width} update keeps every core busy")
-        o.torch_threads = _pick(reasons, "optimizations.torch_threads", 1 if kind == "cpu" and small else None,
-                                why if kind == "cpu" else "torch default")
 
     if o.inference_batch_size is not None:
         if not o.batch_inference:
@@ -199,83 +144,62 @@ def _resolve_distributed(config: TrainConfig, device: torch.device) -> torch.dev
 
 
 def _resolve_ppo(config: TrainConfig, reasons: dict[str, str]) -> None:
-    ppo, o = config.ppo, config.optimizations
+    ppo = config.ppo
     batch = config.env.num_envs * ppo.num_steps
     if batch % ppo.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide the batch env.num_envs*ppo.num_steps={batch}")
     if config.model.recurrent != "none" and config.env.num_envs % ppo.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches: {ppo.num_minibatches} does not divide env.num_envs={config.env.num_envs}; "
                           "recurrent PPO trains on minibatches of whole sub-env sequences, so accepted: a divisor of env.num_envs")
-    if o.replay == "tensor":
-        raise ConfigError("optimizations.replay: 'tensor' has no effect for algo 'ppo' (it keeps no replay buffer); accepted for ppo: list or auto")
-    if o.replay == "auto":
-        o.replay = _pick(reasons, "optimizations.replay", "list", "ppo keeps no replay buffer")
 
 
-def _analytic_grads_blocker(config: TrainConfig, space: gym.Space) -> str | None:
-    """Why ``analytic_grads`` cannot run with this config (None if it can)."""
-    o = config.optimizations
-    blockers = [
-        (config.algo not in ("ppo", "dqn"), f"it covers the PPO and DQN updates, not algo {config.algo!r}"),
-        (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} needs backpropagation through time"),
-        (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
-        (config.algo == "ppo" and not isinstance(space, gym.spaces.Discrete),
-         f"{config.env.id!r} has continuous actions; it covers discrete ones"),
-        (bool(o.amp), "amp: its gradients are float32"),
-        (o.compile_model is True, "compile_model compiles the module forward it bypasses"),
-        (bool(o.cuda_graphs), "cuda_graphs captures the autograd update"),
-        (config.distributed.enabled, "distributed training all-reduces inside autograd's backward"),
-    ]
-    return next((why for blocked, why in blockers if blocked), None)
+def _show(value: object) -> str:
+    """A value as the user writes it in YAML."""
+    return "true" if value is True else "false" if value is False else "null" if value is None else repr(value)
 
 
-def _resolve_gated(config: TrainConfig, reasons: dict[str, str], name: str, blocker: str | None, wanted: bool,
-                   why: str) -> None:
-    """A flag some configs cannot run: ``true`` where ``blocker`` says why is a ConfigError; ``auto``
-    turns on where there is no blocker and ``wanted`` (``why`` says why)."""
-    o = config.optimizations
-    if getattr(o, name) is True and blocker:
-        raise ConfigError(f"optimizations.{name}: true cannot be used here ({blocker}); accepted here: false or auto")
-    if getattr(o, name) == "auto":
-        setattr(o, name, _pick(reasons, f"optimizations.{name}", wanted and blocker is None, blocker or why))
+def _not_applicable(entry: Flag, ctx: Context) -> str | None:
+    """Why ``entry`` does not apply to this algorithm, device or model body (None if it does)."""
+    c = ctx.config
+    if c.algo not in entry.algos:
+        return f"it applies to algo {', '.join(entry.algos)}, not {c.algo!r}"
+    if ctx.kind not in entry.devices:
+        return f"it runs on {', '.join(entry.devices)}, the resolved device is {ctx.device}"
+    if c.model.body not in entry.bodies:
+        return f"model.body {c.model.body!r}: it covers the {', '.join(entry.bodies)} body"
+    return None
 
 
-def _resolve_analytic_grads(config: TrainConfig, reasons: dict[str, str], space: gym.Space, on_cpu: bool) -> None:
-    _resolve_gated(config, reasons, "analytic_grads", _analytic_grads_blocker(config, space), on_cpu,
-                   "per-op overhead dominates small CPU updates; hand-written gradients need no autograd graph"
-                   if on_cpu else "measured on the CPU only; autograd on accelerators")
-
-
-def _numpy_acting_blocker(config: TrainConfig, kind: str) -> str | None:
-    """Why ``numpy_acting`` cannot run with this config (None if it can)."""
-    o = config.optimizations
-    blockers = [
-        (kind != "cpu", f"NumPy runs on the host and the model is on {kind}"),
-        (config.algo not in ("ppo", "dqn"), f"it covers PPO's and DQN's MLP policies, not algo {config.algo!r}"),
-        (config.model.recurrent != "none", f"model.recurrent {config.model.recurrent!r} carries a hidden state"),
-        (config.model.body != "mlp", f"model.body {config.model.body!r}: it covers the MLP body"),
-        (bool(o.amp), "amp: NumPy computes in float32"),
-        (o.matmul_precision != "highest", f"matmul_precision {o.matmul_precision!r}: NumPy multiplies in float32"),
-        (bool(o.compile_model), "compile_model compiles the module forward it bypasses"),
-    ]
-    return next((why for blocked, why in blockers if blocked), None)
-
-
-def _resolve_numpy_acting(config: TrainConfig, reasons: dict[str, str], kind: str) -> None:
-    _resolve_gated(config, reasons, "numpy_acting", _numpy_acting_blocker(config, kind), True,
-                   "torch's per-op dispatch dominates a forward of a few rows; NumPy calls cost less")
+def _resolve_flag(entry: Flag, ctx: Context, reasons: dict[str, str]) -> None:
+    """One registry flag: ``auto`` -> a concrete value with its reason; an optimised value where the flag
+    does not apply or a blocker holds -> ConfigError naming the key, the value, why, and what is accepted."""
+    section = getattr(ctx.config, entry.section)
+    value = getattr(section, entry.name)
+    if entry.role != OPTIMISATION and value != "auto":
+        return
+    why_not = _not_applicable(entry, ctx)
+    if why_not is None and entry.blockers is not None:
+        why_not = next((why for blocked, why in entry.blockers(ctx) if blocked), None)
+    if value == "auto":
+        choice, why = (entry.plain, why_not) if why_not and entry.role == OPTIMISATION else entry.auto(ctx)
+        setattr(section, entry.name, _pick(reasons, entry.key, choice, why))
+        return
+    if why_not is None or entry.is_plain(value) or value is False or value is None:
+        return
+    accepted = f"{_show(entry.plain)} or auto" if entry.auto is not None else _show(entry.plain)
+    if ctx.config.algo not in entry.algos:
+        raise ConfigError(f"{entry.key}: {_show(value)} has no effect for algo {ctx.config.algo!r} ({why_not}); "
+                          f"accepted for {ctx.config.algo}: {accepted}")
+    if entry.devices == ("cuda",) and not ctx.on_cuda:
+        raise ConfigError(f"{entry.key}: {_show(value)} needs a CUDA device, but the resolved device is {ctx.device}; "
+                          f"accepted here: {accepted}")
+    raise ConfigError(f"{entry.key}: {_show(value)} cannot be used here ({why_not}); accepted here: {accepted}")
 
 
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
     """DQN/IQN: replay storage, replay sizes, and a discrete action space."""
-    algo, o = config.algo, config.optimizations
+    algo = config.algo
     hp = getattr(config, algo)
-    if o.lean_rollout:
-        raise ConfigError(f"optimizations.lean_rollout: true has no effect for algo {algo!r} (it keeps no PPO rollout); "
-                          f"accepted for {algo}: false")
-    if o.replay == "auto":
-        o.replay = _pick(reasons, "optimizations.replay", "tensor",
-                         "preallocated device tensors: batched inserts, no per-sample conversion")
     if hp.buffer_size < hp.batch_size:
         raise ConfigError(f"{algo}.buffer_size: {hp.buffer_size} is smaller than {algo}.batch_size={hp.batch_size}; "
                           f"accepted: an integer >= {hp.batch_size}")
@@ -308,14 +232,7 @@ def _resolve_observations(config: TrainConfig, reasons: dict[str, str], space: g
         if min(space.shape[1:]) < MIN_CNN_SIDE:
             raise ConfigError(f"model.body: 'cnn' needs images of at least {MIN_CNN_SIDE}x{MIN_CNN_SIDE} pixels, "
                               f"{config.env.id!r} has {space.shape}; accepted: mlp")
-    if o.uint8_transfer == "auto":
-        cpu = config.device.startswith("cpu")
-        why = ("only image observations with the cnn body are uint8" if model.body != "cnn"
-               else "on the CPU there is no host->device copy to shrink, and scaling in the network adds a "
-                    "conversion per forward" if cpu
-               else "uint8 pixels cross as one byte each and are normalised on the device")
-        o.uint8_transfer = _pick(reasons, "optimizations.uint8_transfer", model.body == "cnn" and not cpu, why)
-    if o.uint8_transfer and model.body != "cnn":
+    if o.uint8_transfer is True and model.body != "cnn":
         raise ConfigError("optimizations.uint8_transfer: true needs uint8 image observations and model.body cnn, "
                           f"{config.env.id!r} has {space}; accepted here: false or auto")
 
@@ -323,50 +240,22 @@ def _resolve_observations(config: TrainConfig, reasons: dict[str, str], space: g
 MIN_CNN_SIDE = 36
 """The Nature CNN's 8x8/4, 4x4/2, 3x3/1 convolutions leave one pixel of a 36x36 image."""
 
-SMALL_UPDATE_ELEMENTS = 65536
-"""Rows x width of an update's activations up to which one CPU thread is fastest: measured on
-a 2-core CPU, a 256x64 PPO minibatch runs faster on one thread, a 2048x64 IQN batch
-(32 samples x 64 fractions) on two."""
-
-
-def update_rows(config: TrainConfig) -> int:
-    """Rows through the network per gradient step: the PPO minibatch, the DQN batch, or the
-    IQN batch times its N fractions."""
-    if config.algo == "ppo":
-        return config.env.num_envs * config.ppo.num_steps // config.ppo.num_minibatches
-    hp = getattr(config, config.algo)
-    return hp.batch_size * (hp.num_tau_samples if config.algo == "iqn" else 1)
-
-
 def amp_dtype(config: TrainConfig) -> torch.dtype:
     return torch.bfloat16 if config.optimizations.amp_dtype == "bfloat16" else torch.float16
 
 
 def optimisation_summary(config: TrainConfig) -> str:
-    """One line naming the optimisations in force, e.g. for the start of a run."""
-    o = config.optimizations
-    onoff = lambda flag: "on" if flag else "off"  # noqa: E731
-    parts = [
-        f"device={config.device}",
-        f"vectorization={config.env.vectorization}",
-        f"batch_inference={onoff(o.batch_inference)}",
-        f"amp={onoff(o.amp)}({o.amp_dtype.replace('float', 'fp').replace('bfp', 'bf')})",
-        f"compile={'model' if o.compile_model else ''}{'+' if o.compile_model and o.compile_train_step else ''}{'step' if o.compile_train_step else ''}{'' if o.compile_model or o.compile_train_step else 'off'}",
-        f"matmul={o.matmul_precision}",
-        f"tf32={onoff(o.tf32)}",
-        f"optimizer={o.optimizer_impl}",
-        f"pinned={onoff(o.pinned_memory)}",
-        f"non_blocking={onoff(o.non_blocking)}",
-        f"sync_free_logging={onoff(o.sync_free_logging)}",
-        f"cuda_graphs={onoff(o.cuda_graphs)}",
-        f"threads={o.torch_threads or 'default'}",
-        f"uint8_transfer={onoff(o.uint8_transfer)}",
-        f"num_workers={o.num_workers}",
-    ]
-    if config.algo == "ppo":
-        parts.append(f"lean_rollout={onoff(o.lean_rollout)}")
-    parts.append(f"analytic_grads={onoff(o.analytic_grads)}")
-    parts.append(f"numpy_acting={onoff(o.numpy_acting)}")
-    if config.algo in VALUE_BASED:
-        parts.append(f"replay={o.replay}")
+    """One line naming every registry optimisation that applies to this algorithm and device, with the
+    value in force (on/off for switches), e.g. for the start of a run."""
+    def shown(value: object) -> str:
+        return "on" if value is True else "off" if value is False else "default" if value is None else str(value)
+
+    kind = config.device.split(":")[0]
+    parts = [f"device={config.device}"]
+    for entry in FLAGS:
+        if (entry.role == ALGORITHM or config.algo not in entry.algos or kind not in entry.devices
+                or config.model.body not in entry.bodies):
+            continue
+        value = getattr(getattr(config, entry.section), entry.name)
+        parts.append(f"{entry.name}={shown(value)}")
     return "Optimisations: " + " ".join(parts)

@@ -1,9 +1,10 @@
 """One small helper per optimisation, each with its plain path beside it.
 
 compile_or_eager   torch.compile with a logged, recorded eager fallback
-hand_written_step  compiling a hand-written train step: on the CPU behind inductor's C++ wrapper
+hand_written_step  compiling a hand-written train step (behind inductor's C++ wrapper: compile_cpp_wrapper)
 make_adam          forloop / foreach / fused Adam
 FusedAdamStep      the fused Adam kernel called directly, without the optimiser's per-step bookkeeping
+                   (direct_adam_step)
 clip_grad_norm     per-tensor norms (torch.nn.utils), or multi-tensor foreach kernels
 HostToDevice       pageable blocking copies, or pinned staging + non_blocking copies;
                    uint8 pixels as float32 from the host, or as uint8 (``uint8_transfer``)
@@ -57,14 +58,14 @@ class CompiledOrEager:
             return self.eager(*args, **kwargs)
 
 
-def hand_written_step(fn: Callable[..., Any], device: torch.device) -> CompiledOrEager:
-    """``fn`` (a train step with no autograd in it, fixed shapes) compiled as ``train_step``; on
-    the CPU its kernels are called from a C++ wrapper instead of inductor's Python one: measured
-    on a 2-core CPU, a PPO minibatch step 306 vs 378 us at 128 rows and 1179 vs 1250 us at 2048,
-    a DQN update 297 vs 344 us, for about ten seconds more compile time, once."""
-    options = {"cpp_wrapper": True} if device.type == "cpu" else {}
+def hand_written_step(fn: Callable[..., Any], *, cpp_wrapper: bool) -> CompiledOrEager:
+    """``fn`` (a train step with no autograd in it, fixed shapes) compiled as ``train_step``, as one
+    graph. ``cpp_wrapper`` (``compile_cpp_wrapper``, CPU only): its kernels are called from
+    inductor's C++ wrapper instead of its Python one, for seconds more compile time, once.
+    Guarded by tests/test_unbundled_value.py."""
+    options = {"cpp_wrapper": True} if cpp_wrapper else {}
     # fullgraph: a graph break would split the step into several compiled regions, each with its own
-    # guards and wrappers (a DQN update split in four took 248 us, as one graph 201 us): fall back instead
+    # guards and wrappers: fall back to eager instead
     return CompiledOrEager(fn, "train_step", dynamic=False, fullgraph=True, options=options)
 
 
@@ -77,13 +78,13 @@ def make_adam(params: Iterable[torch.nn.Parameter], lr: float | torch.Tensor, ep
 
 
 class FusedAdamStep:
-    """``optimizer.step()`` of a fused, single-device Adam, as the same two calls torch makes
-    (``_foreach_add_`` on the step counters, ``_fused_adam_``) on the optimiser's own state
-    tensors, without its per-step regrouping and checks (about 80 us of a small CPU update).
+    """``direct_adam_step``: ``optimizer.step()`` of a fused, single-device Adam, as the same two
+    calls torch makes (``_foreach_add_`` on the step counters, ``_fused_adam_``) on the
+    optimiser's own state tensors, without its per-step regrouping and checks.
 
-    Used by the ``fused`` ``optimizer_impl`` when the step needs nothing else (no GradScaler,
-    no CUDA graph capture, float learning rate, every parameter with a gradient); otherwise,
-    and for the first step (which creates the state), it calls ``optimizer.step()``.
+    Resolve allows it with ``optimizer_impl: fused`` only, without CUDA graph capture or a
+    GradScaler. Where the step needs more (a tensor learning rate, a parameter without a
+    gradient) and for the first step (which creates the state) it calls ``optimizer.step()``.
     ``refresh()`` after the optimiser's state is replaced (a checkpoint load). Bit-identical to
     ``optimizer.step()``: guarded by ``test_fused_adam_step_matches_the_optimizer``.
     """

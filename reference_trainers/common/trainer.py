@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import distributed
-from .config import ConfigError, TrainConfig, build_config, read_yaml
+from .config import TrainConfig, build_config
+from .config_files import read_yaml
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

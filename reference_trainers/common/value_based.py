@@ -26,13 +26,14 @@ import torch
 from torch import nn
 
 from . import distributed
+from .analytic import aten_tanh_from
 from .analytic import supports as is_plain_mlp
-from .buffers import Sample, TensorStorage, make_replay
+from .buffers import Sample, make_replay
 from .trainer_state import Checkpointable
 from .config import ConfigError, TrainConfig, ValueConfig
 from .envs import EpisodeTracker, frames_in_step, open_vector_env
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
-from .nstep import OneStepWriter, make_writer
+from .nstep import make_writer
 from .numpy_acting import NumpyMLP, chunk_rows, in_chunks
 from .prefetch import Prefetcher
 from .probe import NullProbe, Probe
@@ -54,19 +55,19 @@ class ActingNoise(NamedTuple):
 
 
 class HostNoise:
-    """``numpy_acting``: the epsilon-greedy draws of ``BLOCK_STEPS`` vector steps at a time, as
-    NumPy rows handed out one step at a time (two torch calls per block instead of per step).
+    """``numpy_acting``'s epsilon-greedy draws as NumPy rows, handed out one vector step at a time.
 
-    On the CPU one call of ``torch.rand`` / ``torch.randint`` for (steps, rows) gives the same
-    numbers, in order, as one call per step, so every step sees the draws the per-step paths
-    see (``test_host_noise_gives_the_per_step_draws``). ``state_dict`` keeps the rows not yet
-    handed out: a resumed run goes on with them, then draws from the restored generators.
+    Plain path (``block_steps`` 1): two torch calls (``torch.rand``, ``torch.randint``) per step.
+    ``block_noise``: the draws of ``block_steps`` steps (``tuning.noise_block_steps``) in those two
+    calls. On the CPU one call for (steps, rows) gives the same numbers, in order, as one call per
+    step, so every step sees the same draws either way (``test_host_noise_gives_the_per_step_draws``).
+    ``state_dict`` keeps the rows not yet handed out: a resumed run goes on with them, then draws
+    from the restored generators.
     """
 
-    BLOCK_STEPS = 256
-
-    def __init__(self, rows: int, num_actions: int, explore: torch.Generator, action: torch.Generator) -> None:
-        self.rows, self.num_actions = rows, num_actions
+    def __init__(self, rows: int, num_actions: int, explore: torch.Generator, action: torch.Generator,
+                 block_steps: int = 1) -> None:
+        self.rows, self.num_actions, self.block_steps = rows, num_actions, block_steps
         self.explore, self.action = explore, action
         self.uniform = np.empty((0, rows), dtype=np.float32)
         self.random_action = np.empty((0, rows), dtype=np.int64)
@@ -75,7 +76,7 @@ class HostNoise:
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """This step's (uniform, random action), one per sub-env."""
         if self.position == len(self.uniform):
-            shape = (self.BLOCK_STEPS, self.rows)
+            shape = (self.block_steps, self.rows)
             self.uniform = torch.rand(shape, generator=self.explore).numpy()
             self.random_action = torch.randint(self.num_actions, shape, generator=self.action).numpy()
             self.position = 0
@@ -143,28 +144,32 @@ class ValueTrainer(Checkpointable):
         self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
                                   self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps,
                                   frame_shape=self.obs_shape if self.frames else None)
-        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in
-        # it); from a tensor replay without prefetching threads, it also gathers its minibatch
-        self.gathers_in_step = bool(o.analytic_grads and o.compile_train_step and o.num_workers == 0
-                                    and isinstance(self.replay.storage, TensorStorage))
+        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it);
+        # gather_in_step: it takes the drawn replay indices and gathers its minibatch itself
+        self.gathers_in_step = bool(o.gather_in_step)
+        self.aten_tanh_from = aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
         self.analytic_step = (hand_written_step(self.analytic_grads_at if self.gathers_in_step else self.analytic_grads,
-                                                self.device)
+                                                cpp_wrapper=bool(o.compile_cpp_wrapper))
                               if o.analytic_grads and o.compile_train_step else None)
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
         self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
         self.inference_chunk = chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
-        self.host_noise: HostNoise | None = None  # numpy_acting: the acting draws, a block of steps at a time
+        self.host_noise: HostNoise | None = None  # numpy_acting: the acting draws (block_noise: a block of steps)
         if o.numpy_acting:
             self.host_q = self._host_q_network()
-            self.host_noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator)
+            block = c.tuning.noise_block_steps if o.block_noise else 1
+            self.host_noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator,
+                                        block)
         self.act = self._act_numpy if o.numpy_acting else self._act_batched if o.batch_inference else self._act_per_env
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
         self.any_episode_over = False
-        self.one_step = isinstance(self.writer, OneStepWriter)
+        # replay_direct_write: a step with no reset row goes straight into the CPU tensor replay (resolve
+        # allows it with a one-step writer and uniform sampling); plain: the writer's batch, then ``add``
+        self.direct_write = bool(o.replay_direct_write)
         self.env_steps = self.agent_steps = self.vector_steps = self.updates = self.iterations = 0
         self.replay_ready = False  # every rank holds batch_size transitions (never false again once true)
         self.last_stats: dict[str, float] = {}
@@ -302,7 +307,7 @@ class ValueTrainer(Checkpointable):
     def _act_numpy(self, obs: np.ndarray) -> np.ndarray:
         """``numpy_acting``: the greedy forward (all sub-envs at once or per sub-env / chunk, as
         ``batch_inference`` says) and the epsilon-greedy choice in NumPy, from the same torch
-        draws as the other paths (drawn a block of steps at a time: ``HostNoise``)."""
+        draws as the other paths (``HostNoise``: per step, or a block of steps under ``block_noise``)."""
         with self.probe.phase("inference"):
             uniform, random_action = self.host_noise.next()
             greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), self.inference_chunk).argmax(-1)
@@ -321,8 +326,8 @@ class ValueTrainer(Checkpointable):
         with probe.phase("env"):
             self.next_obs, reward, terminated, truncated, info = self.envs.step(actions)
         with probe.phase("transfer"):
-            # a step with no reset row goes straight into a CPU tensor replay where the writer is one-step
-            if not (self.one_step and not self.any_episode_over and self.replay.add_one_step(
+            # replay_direct_write: a step with no reset row straight into replay (not across the ring's end)
+            if not (self.direct_write and not self.any_episode_over and self.replay.add_one_step(
                     obs, actions, reward, self.next_obs, terminated, self.writer.gamma)):
                 shape = self.obs_shape
                 batch = self.writer.push(obs.reshape(n, *shape), actions, reward, self.next_obs.reshape(n, *shape),
@@ -359,7 +364,7 @@ class ValueTrainer(Checkpointable):
     def _update_phase(self, count: int) -> None:
         """``count`` optimiser steps; their minibatches are gathered inline, ahead on the
         prefetcher's threads (``num_workers``) while earlier steps train, or inside the compiled
-        step (``gathers_in_step``: it takes the drawn indices)."""
+        step (``gather_in_step``: it takes the drawn indices)."""
         if self.gathers_in_step:
             for _ in range(count):
                 with self.probe.phase("transfer"):
