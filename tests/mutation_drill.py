@@ -60,8 +60,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("precision-never-applied", _o("matmul_precision"), "reference_trainers/common/learner.py",
            "    dev.apply_precision(optimizations.matmul_precision, optimizations.tf32)\n", ""),
     Mutant("amp-never-autocasts", _o("amp"), "reference_trainers/common/learner.py",
-           "self.amp, self.amp_dtype = bool(o.amp), amp_dtype(config)",
-           "self.amp, self.amp_dtype = False, amp_dtype(config)"),
+           "self.amp, self.amp_dtype = bool(o.amp), dev.amp_dtype(config)",
+           "self.amp, self.amp_dtype = False, dev.amp_dtype(config)"),
     # torch.compile never called
     Mutant("compile-never-called", _o("compile_train_step"), "reference_trainers/common/speedups.py",
            "self._call = torch.compile(fn, **compile_kwargs)", "self._call = fn"),
@@ -148,11 +148,11 @@ MUTANTS: tuple[Mutant, ...] = (
 """One entry per flag code path, and the reduced-precision maths."""
 
 
-def _copy_project(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+def _copy_project(root: Path, dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, check=True,
                            capture_output=True, text=True).stdout.split()
     for name in files:
-        source = ROOT / name
+        source = root / name
         if source.is_file():
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -168,11 +168,11 @@ def _apply(copy: Path, mutant: Mutant) -> None:
     target.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
 
 
-def run_mutant(mutant: Mutant) -> tuple[bool, float, str]:
-    """(killed, seconds, last line of pytest's output) for one mutant in a fresh copy."""
+def run_mutant(mutant: Mutant, root: Path = ROOT) -> tuple[bool, float, str]:
+    """(killed, seconds, last line of pytest's output) for one mutant in a fresh copy of ``root``."""
     with tempfile.TemporaryDirectory(prefix="rlgauge-mutant-") as tmp:
         copy = Path(tmp)
-        _copy_project(copy)
+        _copy_project(root, copy)
         _apply(copy, mutant)
         selection = list(mutant.tests) or ["--effects-of", mutant.key]
         start = time.perf_counter()
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="mutant names or flag keys")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the project to copy (default: this checkout)")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if args.only is None or m.name in args.only or m.key in args.only]
     if args.list:
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     survived = []
     for mutant in chosen:
-        killed, seconds, last = run_mutant(mutant)
+        killed, seconds, last = run_mutant(mutant, args.root)
         print(f"{'killed  ' if killed else 'SURVIVED'} {mutant.name:<40} {seconds:6.1f} s  {last}", flush=True)
         if not killed:
             survived.append(mutant.name)

@@ -15,6 +15,7 @@ import torch
 from flag_effects import (PrefetchTrace, assert_prefetched, at_each_update, dynamo_graphs, iterate_against,
                           matmul_dtypes_of_iterate, no_grad_forward_rows, precision_during_updates, running, spy,
                           tensor_calls, threads_during_updates)
+from precision_state import cuda_tf32_enabled
 
 from reference_trainers.common import analytic
 from reference_trainers.common import device as dev
@@ -42,6 +43,20 @@ def test_batch_inference_runs_one_acting_forward_per_step_instead_of_one_per_sub
     acting[ENVS] -= 1  # the bootstrap value of the last observation, one batched forward either way
     expected = {ENVS: STEPS} if batched else {1: STEPS * ENVS}
     assert +acting == expected
+
+
+@pytest.mark.flag_effect("optimizations.inference_batch_size")
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize(("chunk", "largest"), [("null", ENVS), (2, 2), (1, 1)])
+def test_inference_batch_size_chunks_the_numpy_acting_forward(monkeypatch: pytest.MonkeyPatch, algo: str, chunk: Any,
+                                                               largest: int) -> None:
+    """Under numpy_acting the acting forwards are NumPy calls: null, one of all sub-envs; k, of at most k rows."""
+    shapes = spy(monkeypatch, numpy_acting.NumpyMLP, "__call__", lambda _self, x, *_: x.shape[0])
+    with running(algo, "optimizations.numpy_acting=true", "optimizations.batch_inference=true",
+                 f"optimizations.inference_batch_size={chunk}") as trainer:
+        trainer.iterate()
+    rows = Counter(shapes)
+    assert rows and max(rows) == largest
 
 
 @pytest.mark.flag_effect("optimizations.inference_batch_size")
@@ -247,7 +262,7 @@ def test_tf32_is_in_force_while_iterate_runs(on: bool) -> None:
     """Every update runs with CUDA's TF32 matmul switch as configured."""
     seen: list[bool] = []
     with running("ppo", "device=cuda", f"optimizations.tf32={str(on).lower()}") as trainer:
-        at_each_update(trainer, lambda: seen.append(dev.cuda_tf32_enabled()))
+        at_each_update(trainer, lambda: seen.append(cuda_tf32_enabled()))
         iterate_against(trainer, lambda: dev.apply_precision("highest", not on))
     assert seen and set(seen) == {on}
 

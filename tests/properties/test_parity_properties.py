@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION, combined_class
-from parity_runs import ALGOS, PIXEL_ALGOS, ONE_UPDATE, assert_clean, assert_parity, reference, train
+from parity_runs import ALGOS, PIXEL_ALGOS, SEVERAL_UPDATES, assert_clean, assert_parity, reference, train
 from strategies import as_overrides, optimisation_combos, parity_settings
 
 SEEDS = st.integers(min_value=0, max_value=3)
@@ -41,12 +41,20 @@ def test_fp_reorder_flags_stay_within_reassociation_error(algo: str, device: str
 
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=10)
 @given(data=st.data(), seed=SEEDS)
-def test_reduced_precision_stays_finite_and_close_after_one_update(algo: str, device: str, data: st.DataObject, seed: int) -> None:
+def test_reduced_precision_tracks_float32_over_several_updates(algo: str, device: str, data: st.DataObject,
+                                                               seed: int) -> None:
+    """Finite, and over several updates the parameter change and the losses follow float32's
+    (``harness.parity.REDUCED_PRECISION_BOUNDS``); combinations without a reduced-precision flag
+    are the other tests' business. Ten examples, fewer than the other classes, keep the suite's
+    time now that each trains two iterations (6 to 13 updates) rather than one update."""
     combo = data.draw(optimisation_combos(algo=algo, device=device, classes=(EXACT, FP_REORDER, REDUCED_PRECISION)))
-    outcome = train(as_overrides(combo) + ONE_UPDATE[algo], seed=seed, device=device, iterations=1, algo=algo)
+    parity_class = combined_class(parity_settings(combo))
+    assume(parity_class == REDUCED_PRECISION)
+    outcome = train(as_overrides(combo) + SEVERAL_UPDATES[algo], seed=seed, device=device, algo=algo)
     assert_clean(outcome)
-    assert_parity(outcome, reference(seed, device, one_update=True, algo=algo), combined_class(parity_settings(combo)))
+    assert_parity(outcome, reference(seed, device, several_updates=True, algo=algo), parity_class)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -100,10 +108,11 @@ def test_pixel_exact_flags_match_the_plain_reference(algo: str, data: st.DataObj
 @pytest.mark.parametrize("algo", PIXEL_ALGOS)
 @settings(max_examples=3)
 @given(data=st.data(), seed=SEEDS)
-def test_pixel_reduced_precision_stays_finite_and_close_after_one_update(algo: str, data: st.DataObject,
-                                                                          seed: int) -> None:
+def test_pixel_reduced_precision_tracks_float32_over_several_updates(algo: str, data: st.DataObject,
+                                                                     seed: int) -> None:
     combo = data.draw(optimisation_combos(algo=algo, classes=(EXACT, FP_REORDER, REDUCED_PRECISION), pixels=True))
-    outcome = train(as_overrides(combo) + ONE_UPDATE[algo], seed=seed, iterations=1, algo=algo, pixels=True)
+    parity_class = combined_class(parity_settings(combo))
+    assume(parity_class == REDUCED_PRECISION)
+    outcome = train(as_overrides(combo) + SEVERAL_UPDATES[algo], seed=seed, algo=algo, pixels=True)
     assert_clean(outcome)
-    assert_parity(outcome, reference(seed, one_update=True, algo=algo, pixels=True),
-                  combined_class(parity_settings(combo)))
+    assert_parity(outcome, reference(seed, several_updates=True, algo=algo, pixels=True), parity_class)
