@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reference_trainers import check_checkpointable
 from reference_trainers.common import distributed
 from reference_trainers.common.checkpoint import (FORMAT, VERSION, CheckpointError, config_differences,
                                                   load_checkpoint, save_checkpoint)
 from reference_trainers.common.config import TrainConfig, to_plain_dict
-from reference_trainers.common.env_state import check_checkpointable
 
 from .errors import UserError
 

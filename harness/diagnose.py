@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from reference_trainers import frames_in_step, make_vector_env
 from reference_trainers.common.config import TrainConfig
-from reference_trainers.common.envs import frames_in_step, make_vector_env
 from reference_trainers.common.flags import REGISTRY
 from reference_trainers.common.probe import PHASES
 

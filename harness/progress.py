@@ -16,7 +16,6 @@ class RunProgress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.enabled = enabled
         self.window = RateWindow()
-        self._label = ""
         if enabled:
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -33,7 +32,6 @@ class RunProgress:
             self._progress.stop()
 
     def describe(self, label: str) -> None:
-        self._label = label
         self.window = RateWindow()
         if self.enabled:
             self._progress.update(self._task, description=label, rate="")

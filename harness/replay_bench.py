@@ -18,10 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from reference_trainers import HostToDevice, ReplayBuffer, TransitionBatch, make_replay
 from reference_trainers.common import device as dev
-from reference_trainers.common.buffers import ReplayBuffer, make_replay
-from reference_trainers.common.nstep import TransitionBatch
-from reference_trainers.common.speedups import HostToDevice
 
 from . import metrics
 

@@ -18,8 +18,6 @@ import gc
 import json
 import multiprocessing
 from dataclasses import asdict, dataclass
-from typing import Callable
-
 import numpy as np
 
 from reference_trainers import build_trainer
@@ -74,12 +72,8 @@ def growth_per_100k(samples: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def measure_rss_growth(preset: str, variant: str, *, steps: int = 200_000, samples: int = 21,
-                       overrides: tuple[str, ...] = (), warmup_steps: int | None = None,
-                       on_iteration: Callable[[object], None] | None = None) -> RssGrowth:
-    """RSS growth of one preset variant over ``steps`` env steps after a leak-free warm-up.
-
-    ``on_iteration(trainer)`` runs after every training iteration of the window (tests plant a leak with it).
-    """
+                       overrides: tuple[str, ...] = (), warmup_steps: int | None = None) -> RssGrowth:
+    """RSS growth of one preset variant over ``steps`` env steps after a leak-free warm-up."""
     (spec,) = specs_for(preset, variant, list(overrides))
     resolution = resolve_config(spec.config)
     warmup = leak_free_warmup(resolution.config) if warmup_steps is None else warmup_steps
@@ -94,8 +88,6 @@ def measure_rss_growth(preset: str, variant: str, *, steps: int = 200_000, sampl
         points = [(0, metrics.host_rss_mb())]
         while trainer.env_steps - start < steps:
             trainer.iterate()
-            if on_iteration is not None:
-                on_iteration(trainer)
             done = trainer.env_steps - start
             if done - points[-1][0] >= every or done >= steps:
                 points.append((done, metrics.host_rss_mb()))

@@ -15,12 +15,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from reference_trainers import build_trainer
+from reference_trainers import NonFiniteError, Trainer, build_trainer
 from reference_trainers.common import device as dev
 from reference_trainers.common import distributed
 from reference_trainers.common.config import to_plain_dict
 from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
-from reference_trainers.ppo import NonFiniteError
 
 from . import metrics
 from .checkpoints import Checkpointing
@@ -50,7 +49,7 @@ class _Live:
 
     spec: VariantSpec
     resolution: Resolution
-    trainer: object = None
+    trainer: Trainer | None = None
     probe: metrics.TimingProbe = field(default_factory=metrics.TimingProbe)
     started_at: str = ""
     warmup_s: float = 0.0

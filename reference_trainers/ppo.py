@@ -26,7 +26,7 @@ from .common import analytic, distributed
 from .common import numpy_acting as host
 from .common.config import ConfigError, TrainConfig
 from .common.envs import EpisodeTracker, frames_in_step, open_vector_env
-from .common.learner import Learner, NonFiniteError, apply_process_settings, fell_back, maybe_compile
+from .common.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic, StackedMLPs
 from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
@@ -37,8 +37,7 @@ from .common.trainer_state import Checkpointable
 
 LOG_2PI = math.log(2 * math.pi)
 
-__all__ = ["IterationResult", "NonFiniteError", "PPOTrainer", "compute_gae", "compute_gae_fused",
-           "ppo_loss", "ppo_loss_grads", "ppo_trainer"]
+__all__ = ["PPOTrainer", "compute_gae", "compute_gae_fused", "ppo_loss", "ppo_loss_grads"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -651,16 +650,10 @@ class PPOTrainer(Checkpointable):
 
 def main(argv: list[str] | None = None) -> int:
     """Train PPO from a YAML config on its own (no harness): ``python -m reference_trainers.ppo``."""
-    return train_from_command_line(ppo_trainer, "policy_loss", argv, prog="python -m reference_trainers.ppo",
-                                   description=main.__doc__)
+    from . import build_trainer  # picks RecurrentPPOTrainer when model.recurrent is lstm or gru
 
-
-def ppo_trainer(config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> PPOTrainer:
-    """``PPOTrainer``, or ``RecurrentPPOTrainer`` when ``model.recurrent`` is lstm or gru."""
-    if config.model.recurrent == "none":
-        return PPOTrainer(config, probe=probe, resolution=resolution)
-    from .recurrent_ppo import RecurrentPPOTrainer
-    return RecurrentPPOTrainer(config, probe=probe, resolution=resolution)
+    return train_from_command_line(lambda config: build_trainer(resolve_config(config)), "policy_loss", argv,
+                                   prog="python -m reference_trainers.ppo", description=main.__doc__)
 
 
 if __name__ == "__main__":

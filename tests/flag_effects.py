@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from matmul_dtypes import MatmulDtypes
+from precision_state import float32_matmul_precision
 
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
@@ -131,7 +132,7 @@ def precision_during_updates(algo: str, precision: str) -> list[str]:
     contrary = "medium" if precision != "medium" else "highest"
     seen: list[str] = []
     with running(algo, f"optimizations.matmul_precision={precision}") as trainer:
-        at_each_update(trainer, lambda: seen.append(dev.float32_matmul_precision()))
+        at_each_update(trainer, lambda: seen.append(float32_matmul_precision()))
         iterate_against(trainer, lambda: torch.set_float32_matmul_precision(contrary))
     assert seen, "no optimiser step ran"
     return seen

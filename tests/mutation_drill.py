@@ -71,6 +71,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("optimizer-always-forloop", _o("optimizer_impl"), "reference_trainers/common/learner.py",
            "make_adam(model.parameters(), lr, adam_eps, o.optimizer_impl,",
            "make_adam(model.parameters(), lr, adam_eps, \"forloop\","),
+    Mutant("foreach-clip-ignored", _o("foreach_grad_clip"), "reference_trainers/common/learner.py",
+           "self.foreach_clip = bool(o.foreach_grad_clip)", "self.foreach_clip = False"),
     Mutant("direct-adam-ignored", _o("direct_adam_step"), "reference_trainers/common/learner.py",
            "FusedAdamStep(self.optimizer) if o.direct_adam_step else None", "None"),
     Mutant("sync-free-logging-ignored", _o("sync_free_logging"), "reference_trainers/common/learner.py",

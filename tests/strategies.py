@@ -42,7 +42,7 @@ def _applies(entry: Flag, algo: str, device: str, pixels: bool) -> bool:
 
 
 def _values(entry: Flag, classes: tuple[str, ...]) -> list[Any]:
-    return [v for v in entry.optimised if entry.parity_of(v) in classes]
+    return [v for v in entry.optimised if entry.parity_by_value.get(v, entry.parity) in classes]
 
 
 def _rejected_key(combo: dict[str, Any], algo: str, device: str, pixels: bool) -> str | None:

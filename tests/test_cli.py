@@ -23,6 +23,7 @@ import yaml
 
 import reference_trainers.ppo as ppo_module
 from conftest import TINY
+from precision_state import float32_matmul_precision
 from harness.cli import main
 from reference_trainers.common import device as dev
 
@@ -64,7 +65,7 @@ def read_json(path: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def both_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``rlgauge run ppo-cartpole`` (both variants) at TINY size, two repeats, seed 7; run once per module."""
-    threads, precision = torch.get_num_threads(), dev.float32_matmul_precision()
+    threads, precision = torch.get_num_threads(), float32_matmul_precision()
     saved = dev.process_settings()
     out = tmp_path_factory.mktemp("both") / "r.json"
     capture = pytest.MonkeyPatch()
@@ -75,7 +76,7 @@ def both_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         code = main(["run", "ppo-cartpole", *TINY_ARGS, "--repeats", "2", "--seed", "7", "--out", str(out)])
     finally:
         capture.undo()
-        after = torch.get_num_threads(), dev.float32_matmul_precision()
+        after = torch.get_num_threads(), float32_matmul_precision()
         dev.restore_process_settings(saved)
     yield {"code": code, "out": out, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
            "threads_before": threads, "precision_before": precision, "globals_after": after}
@@ -171,7 +172,7 @@ def test_run_in_process_leaves_matmul_precision_as_it_found_it(tmp_path: Path,
     code, _, err = run_cli(capsys, "run", "ppo-cartpole", "--variant", "optimized", *TINY_ARGS,
                            "--set", "optimizations.matmul_precision=medium", "--quiet")
     assert code == 0, err
-    assert dev.float32_matmul_precision() == "highest"
+    assert float32_matmul_precision() == "highest"
 
 
 def test_run_one_variant_gives_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from reference_trainers.common.config import OptimizationsConfig, TrainConfig, build_config, load_config, to_plain_dict
+from reference_trainers.common.config import OptimizationsConfig, TrainConfig, build_config, to_plain_dict
 from reference_trainers.common.config_files import apply_overrides, deep_merge, parse_override, read_yaml
 from reference_trainers.common.errors import ConfigError
 
@@ -297,10 +297,10 @@ def test_read_yaml_empty_file_is_empty_mapping(tmp_path: Path) -> None:
     assert read_yaml(path) == {}
 
 
-def test_load_config_reads_yaml_then_applies_overrides(tmp_path: Path) -> None:
+def test_a_yaml_file_is_read_then_overrides_applied(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("env: {id: Acrobot-v1, num_envs: 4}\noptimizations:\n  amp: auto\n  optimizer_impl: foreach\n")
-    config = load_config(path, ["env.num_envs=6", "optimizations.tf32=auto"])
+    config = build_config(read_yaml(path), ["env.num_envs=6", "optimizations.tf32=auto"])
     assert config.env.id == "Acrobot-v1"
     assert config.env.num_envs == 6
     assert config.optimizations.amp == "auto"
@@ -308,11 +308,11 @@ def test_load_config_reads_yaml_then_applies_overrides(tmp_path: Path) -> None:
     assert config.optimizations.optimizer_impl == "foreach"
 
 
-def test_load_config_unknown_key_in_file_is_one_line(tmp_path: Path) -> None:
+def test_unknown_key_in_a_yaml_file_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("optimizations:\n  compile_modell: true\n")
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        build_config(read_yaml(path))
     assert_one_line(str(info.value), "optimizations.compile_modell", "did you mean 'compile_model'?")
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from precision_state import cuda_tf32_enabled, float32_matmul_precision
 
 import reference_trainers.common.device as dev
 from reference_trainers.common.config import ConfigError
@@ -159,16 +160,16 @@ def test_apply_precision_sets_float32_matmul_precision(precision: str) -> None:
     other = "medium" if precision != "medium" else "highest"
     torch.set_float32_matmul_precision(other)
     apply_precision(precision, tf32=False)
-    assert dev.float32_matmul_precision() == precision
+    assert float32_matmul_precision() == precision
 
 
 @pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="TF32 switches exist only in CUDA builds")
 @pytest.mark.parametrize("precision", ["high", "medium", "highest"])
 def test_apply_precision_sets_tf32_switches_whatever_the_matmul_precision(precision: str) -> None:
     apply_precision(precision, tf32=True)
-    assert dev.cuda_tf32_enabled() and dev.float32_matmul_precision() == precision
+    assert cuda_tf32_enabled() and float32_matmul_precision() == precision
     apply_precision(precision, tf32=False)
-    assert not dev.cuda_tf32_enabled() and dev.float32_matmul_precision() == precision
+    assert not cuda_tf32_enabled() and float32_matmul_precision() == precision
 
 
 def test_process_settings_round_trip_even_when_backends_disagree() -> None:
@@ -176,10 +177,10 @@ def test_process_settings_round_trip_even_when_backends_disagree() -> None:
     torch.set_float32_matmul_precision("medium")
     if dev.PER_BACKEND_PRECISION:  # CUDA matmuls in full float32 while CPU matmuls run in bf16
         torch.backends.cuda.matmul.fp32_precision = "ieee"
-    assert dev.float32_matmul_precision() == "medium"
+    assert float32_matmul_precision() == "medium"
     mixed = dev.process_settings()
     dev.restore_process_settings(saved)
-    assert dev.process_settings() == saved and dev.float32_matmul_precision() == "highest"
+    assert dev.process_settings() == saved and float32_matmul_precision() == "highest"
     dev.restore_process_settings(mixed)
     assert dev.process_settings() == mixed
 

@@ -276,3 +276,19 @@ def test_cuda_graphs_replays_a_captured_update(monkeypatch: pytest.MonkeyPatch, 
     with running("ppo", "device=cuda", f"optimizations.cuda_graphs={str(on).lower()}") as trainer:
         updates = sum(trainer.iterate().updates for _ in range(2))
     assert len(replays) == (updates if on else 0) and updates > 0
+
+
+@pytest.mark.flag_effect("optimizations.foreach_grad_clip")
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "iqn"])
+@pytest.mark.parametrize("on", [False, True])
+def test_foreach_grad_clip_clips_with_multi_tensor_kernels(monkeypatch: pytest.MonkeyPatch, algo: str, on: bool) -> None:
+    """Plain: ``torch.nn.utils.clip_grad_norm_`` at every autograd update; on: one ``torch._foreach_norm``
+    per update of its own, and torch's clipping is never called."""
+    torch_clips = spy(monkeypatch, torch.nn.utils, "clip_grad_norm_")
+    foreach_norms = spy(monkeypatch, torch, "_foreach_norm")
+    with running(algo, f"optimizations.foreach_grad_clip={str(on).lower()}") as trainer:
+        updates = trainer.iterate().updates
+    assert updates > 0
+    assert len(torch_clips) == (0 if on else updates)
+    if on:
+        assert len(foreach_norms) == updates

@@ -119,13 +119,16 @@ def test_foreach_clip_matches_torch(max_norm: float) -> None:
     assert clipped <= max_norm * (1 + 1e-5) or max_norm > norm_plain
 
 
-@pytest.mark.parametrize("impl, foreach", [("forloop", False), ("foreach", True), ("fused", True)])
-def test_optimizer_impl_picks_the_clipping_path(monkeypatch: pytest.MonkeyPatch, impl: str, foreach: bool) -> None:
+@pytest.mark.parametrize("impl", ["forloop", "foreach", "fused"])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_foreach_grad_clip_alone_picks_the_clipping_path(monkeypatch: pytest.MonkeyPatch, impl: str,
+                                                          foreach: bool) -> None:
+    """The clipping path is its own flag: the Adam implementation does not choose it."""
     calls: list[bool] = []
     import reference_trainers.common.learner as learner_mod
     real = learner_mod.clip_grad_norm
     monkeypatch.setattr(learner_mod, "clip_grad_norm", lambda p, m, f: calls.append(f) or real(p, m, f))
-    trainer = ppo_trainer(f"optimizations.optimizer_impl={impl}")
+    trainer = ppo_trainer(f"optimizations.optimizer_impl={impl}", f"optimizations.foreach_grad_clip={str(foreach).lower()}")
     try:
         trainer.iterate()
     finally:

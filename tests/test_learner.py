@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from harness.parity import FP_REORDER, TOLERANCES
+from precision_state import float32_matmul_precision
 from reference_trainers.common import device as dev
 from reference_trainers.common.config import build_config
 from reference_trainers.common.learner import (
@@ -201,9 +202,9 @@ def test_apply_process_settings_sets_threads_and_precision() -> None:
         wanted = 1 if dev.DEFAULT_THREADS != 1 else 2
         config = build_config({}, [f"optimizations.torch_threads={wanted}", "optimizations.matmul_precision=medium"])
         apply_process_settings(config.optimizations)
-        assert torch.get_num_threads() == wanted and dev.float32_matmul_precision() == "medium"
+        assert torch.get_num_threads() == wanted and float32_matmul_precision() == "medium"
         apply_process_settings(build_config({}, []).optimizations)
-        assert torch.get_num_threads() == dev.DEFAULT_THREADS and dev.float32_matmul_precision() == "highest"
+        assert torch.get_num_threads() == dev.DEFAULT_THREADS and float32_matmul_precision() == "highest"
     finally:
         dev.restore_process_settings(saved)
 

@@ -17,6 +17,7 @@ from harness.metrics import TimingProbe  # noqa: E402
 from harness.peers import load_peer  # noqa: E402
 from harness.peers.sb3 import SB3Trainer, matching  # noqa: E402
 from harness.presets import specs_for  # noqa: E402
+from reference_trainers import Trainer  # noqa: E402
 from reference_trainers.common.resolve import resolve_config  # noqa: E402
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
@@ -62,6 +63,7 @@ def test_built_ppo_model_has_the_matched_settings_and_iterates_a_rollout() -> No
     probe.enabled = True
     trainer = SB3Trainer(resolution("ppo-cartpole-sb3", ["device=cpu", "ppo.num_steps=16"]), probe)
     try:
+        assert isinstance(trainer, Trainer)
         m = trainer.model
         assert (m.n_steps, m.batch_size, m.n_epochs, m.n_envs) == (16, 16, 4, 4)
         linears = [layer for layer in m.policy.mlp_extractor.policy_net if isinstance(layer, torch.nn.Linear)]

@@ -29,10 +29,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import reference_trainers.ppo as ppo_mod
+from reference_trainers import NonFiniteError
 from reference_trainers.common import device as dev
 from reference_trainers.common.config import build_config
 from reference_trainers.common.stats import ItemStats, SyncFreeStats
-from reference_trainers.ppo import NonFiniteError, PPOLossCoefs, PPOTrainer, compute_gae, ppo_loss
+from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, compute_gae, ppo_loss
 
 CUDA = torch.cuda.is_available()
 MPS = dev.mps_available()

@@ -20,19 +20,19 @@ import pytest
 import torch
 from conftest import TINY
 
-from reference_trainers import build_trainer
+from reference_trainers import ResumableTrainer, build_trainer
 from reference_trainers.common.config import ConfigError, ModelConfig, build_config
 from reference_trainers.common.networks import RecurrentActorCritic
 from reference_trainers.common.partial_obs import CARTPOLE_NO_VELOCITY_ID
 from reference_trainers.common.resolve import resolve_config
-from reference_trainers.ppo import PPOTrainer, evaluate_actions, ppo_trainer
+from reference_trainers.ppo import PPOTrainer, evaluate_actions
 from reference_trainers.recurrent_ppo import RecurrentPPOTrainer, episode_starts
 
 RECURRENT = TINY + ["model.recurrent=lstm", "model.recurrent_size=8", f"env.id={CARTPOLE_NO_VELOCITY_ID}"]
 
 
 def make(*overrides: str) -> RecurrentPPOTrainer:
-    trainer = ppo_trainer(build_config({}, RECURRENT + list(overrides)))
+    trainer = build_trainer(resolve_config(build_config({}, RECURRENT + list(overrides))))
     assert isinstance(trainer, RecurrentPPOTrainer)
     return trainer
 
@@ -100,7 +100,7 @@ def test_harness_and_standalone_pick_the_recurrent_trainer() -> None:
     config = build_config({}, RECURRENT)
     trainer = build_trainer(resolve_config(config))
     try:
-        assert isinstance(trainer, RecurrentPPOTrainer)
+        assert isinstance(trainer, RecurrentPPOTrainer) and isinstance(trainer, ResumableTrainer)
         assert isinstance(trainer.model, RecurrentActorCritic)
     finally:
         trainer.close()
@@ -249,7 +249,7 @@ def best_mean_return(recurrent: str, seed: int, budget: int, stop_at: float | No
     overrides = ["device=cpu", f"seed={seed}", f"model.recurrent={recurrent}"]
     if recurrent == "none":
         overrides.append("model.hidden_sizes=[64,64]")
-    trainer = ppo_trainer(build_config(data, overrides))
+    trainer = build_trainer(resolve_config(build_config(data, overrides)))
     best, threads = -math.inf, torch.get_num_threads()
     try:
         while trainer.env_steps < budget and (stop_at is None or best < stop_at):

@@ -13,7 +13,7 @@ import torch
 import reference_trainers.common.device as dev
 from reference_trainers.common.config import ConfigError, TrainConfig, build_config
 from reference_trainers.common.flags import update_rows
-from reference_trainers.common.resolve import Resolution, amp_dtype, optimisation_summary, resolve_config
+from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
 
 AUTO_FLAGS = [
     "amp", "amp_dtype", "matmul_precision", "tf32", "compile_model", "compile_train_step",
@@ -268,7 +268,7 @@ def test_amp_auto_on_cuda_without_bf16_uses_float16(fake_cuda: None, monkeypatch
     result = resolve("optimizations.amp=auto", device="cuda")
     assert result.config.optimizations.amp is True
     assert result.config.optimizations.amp_dtype == "float16"
-    assert amp_dtype(result.config) is torch.float16
+    assert dev.amp_dtype(result.config) is torch.float16
 
 
 def test_tf32_rejected_on_pre_ampere_cuda(fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -376,4 +376,4 @@ def test_optimisation_summary_shows_fp16_and_step_only_compile() -> None:
     config = resolve("optimizations.amp=true", "optimizations.amp_dtype=float16", "optimizations.compile_train_step=true").config
     line = optimisation_summary(config)
     assert {"amp=on", "amp_dtype=float16", "compile_model=off", "compile_train_step=on"} <= set(line.split())
-    assert amp_dtype(config) is torch.float16
+    assert dev.amp_dtype(config) is torch.float16

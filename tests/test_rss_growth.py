@@ -10,7 +10,9 @@ import pytest
 
 from conftest import TINY
 from harness.rss_growth import LIMIT_PCT, growth_per_100k, leak_free_warmup, measure_in_fresh_process, measure_rss_growth
+from reference_trainers import IterationResult
 from reference_trainers.common.config import build_config
+from reference_trainers.ppo import PPOTrainer
 
 
 def test_growth_is_the_least_squares_slope_per_100k_steps_relative_to_the_start() -> None:
@@ -28,16 +30,20 @@ def test_the_warm_up_covers_filling_and_turning_over_the_replay_buffer() -> None
     assert leak_free_warmup(dqn) == 3 * 50_000 + 1000
 
 
-def test_a_planted_leak_is_reported_as_growth_above_the_limit() -> None:
+def test_a_planted_leak_is_reported_as_growth_above_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     leaked: list[Any] = []
+    iterate = PPOTrainer.iterate
 
-    def leak(trainer: object) -> None:
+    def leaking_iterate(trainer: PPOTrainer) -> IterationResult:
+        done = iterate(trainer)
         # 36 MiB, written, per iteration (32 env steps): above glibc's largest mmap threshold (32 MiB),
         # so always fresh pages, never heap memory that earlier tests in this process freed
         leaked.append(np.ones(36 * 2**17))
+        return done
 
+    monkeypatch.setattr(PPOTrainer, "iterate", leaking_iterate)
     result = measure_rss_growth("ppo-cartpole", "baseline", steps=320, samples=5, overrides=tuple(TINY),
-                                warmup_steps=0, on_iteration=leak)
+                                warmup_steps=0)
     assert result.growth_mb_per_100k > 25_000  # ~112,000 MB per 100k steps planted; RSS sampling blurs it
     assert result.growth_pct_per_100k > LIMIT_PCT and not result.passed
     assert result.steps >= 320 and len(result.samples) >= 5

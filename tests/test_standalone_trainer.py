@@ -6,14 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import TINY
 
 
-def test_ppo_module_trains_from_a_yaml_config(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recurrent", ["none", "gru"])
+def test_ppo_module_trains_from_a_yaml_config(tmp_path: Path, recurrent: str) -> None:
     config = tmp_path / "cartpole.yaml"
-    config.write_text(yaml.safe_dump({"env": {"id": "CartPole-v1"}, "device": "cpu"}))
+    config.write_text(yaml.safe_dump({"env": {"id": "CartPole-v1"}, "device": "cpu", "model": {"recurrent": recurrent}}))
     args = [sys.executable, "-m", "reference_trainers.ppo", "--config", str(config), "--steps", "64"]
     for override in TINY:
         args += ["--set", override]

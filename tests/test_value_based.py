@@ -26,7 +26,7 @@ from value_trainers import ALGOS, assert_params_close, assert_params_equal, make
 
 import reference_trainers.dqn as dqn_mod
 import reference_trainers.iqn as iqn_mod
-from reference_trainers import build_trainer
+from reference_trainers import ResumableTrainer, build_trainer
 from reference_trainers.common.buffers import ListStorage, TensorStorage, UniformSampler
 from reference_trainers.common.config import ConfigError, build_config, to_plain_dict
 from reference_trainers.common.learner import NonFiniteError
@@ -80,6 +80,7 @@ def test_build_trainer_picks_the_trainer_for_the_algo(algo: str) -> None:
     trainer = make(algo)
     try:
         assert type(trainer) is {"dqn": DQNTrainer, "iqn": IQNTrainer}[algo]
+        assert isinstance(trainer, ResumableTrainer)
         assert trainer.hp is getattr(trainer.config, algo)
     finally:
         trainer.close()

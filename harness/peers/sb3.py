@@ -21,11 +21,10 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnvWrapper
 from torch import nn
 
+from reference_trainers import IterationResult, apply_process_settings
 from reference_trainers.common.config import TrainConfig
-from reference_trainers.common.learner import apply_process_settings
 from reference_trainers.common.probe import NullProbe, Probe
 from reference_trainers.common.resolve import Resolution
-from reference_trainers.common.trainer import IterationResult
 
 from ..errors import UserError
 

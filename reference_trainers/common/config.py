@@ -9,12 +9,11 @@ Per-device resolution of ``auto`` values lives in ``resolve.py``.
 from __future__ import annotations
 
 import difflib
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from .config_files import apply_overrides, read_yaml
+from .config_files import apply_overrides
 from .errors import ConfigError
 from .flags import OPTIMISATION_FLAGS, TUNING
 
@@ -359,11 +358,6 @@ def build_config(data: dict[str, Any], overrides: list[str] | None = None) -> Tr
         return TrainConfig.model_validate(merged)
     except ValidationError as exc:
         raise config_error_from(exc) from None
-
-
-def load_config(path: Path, overrides: list[str] | None = None) -> TrainConfig:
-    """Read, merge overrides and validate a YAML training config."""
-    return build_config(read_yaml(path), overrides)
 
 
 def to_plain_dict(config: BaseModel) -> dict[str, Any]:

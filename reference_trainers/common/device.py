@@ -6,7 +6,7 @@ import contextlib
 import platform
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, TrainConfig
 
 
 class DeviceError(ConfigError):
@@ -116,24 +116,6 @@ PRECISION_SWITCHES = tuple(backend for backend in (
     getattr(torch.backends.mkldnn, "conv", None), getattr(torch.backends.mkldnn, "rnn", None),
 ) if backend is not None and hasattr(backend, "fp32_precision"))
 PER_BACKEND_PRECISION = bool(PRECISION_SWITCHES)
-_PRECISION_OF_CPU_SWITCH = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
-
-
-def float32_matmul_precision() -> str:
-    """The float32 matmul precision in effect for CPU matmuls: ``highest``, ``high`` or ``medium``."""
-    try:
-        return torch.get_float32_matmul_precision()
-    except RuntimeError:  # per-backend switches disagree: read the CPU one
-        return _PRECISION_OF_CPU_SWITCH.get(torch.backends.mkldnn.matmul.fp32_precision, "highest")
-
-
-def cuda_tf32_enabled() -> bool:
-    """Whether float32 CUDA matmuls may run in TF32."""
-    if not torch.backends.cuda.is_built():
-        return False
-    if PER_BACKEND_PRECISION and torch.backends.cuda.matmul.fp32_precision != "none":
-        return torch.backends.cuda.matmul.fp32_precision == "tf32"
-    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def process_settings() -> tuple:
@@ -183,6 +165,11 @@ def apply_precision(matmul_precision: str, tf32: bool) -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+
+
+def amp_dtype(config: TrainConfig) -> torch.dtype:
+    """The autocast dtype ``optimizations.amp_dtype`` names (float16 unless bfloat16)."""
+    return torch.bfloat16 if config.optimizations.amp_dtype == "bfloat16" else torch.float16
 
 
 def autocast(device: torch.device, enabled: bool, dtype: torch.dtype) -> contextlib.AbstractContextManager:

@@ -108,11 +108,6 @@ class Context:
     def algo(self) -> str:
         return self.config.algo
 
-    @property
-    def mlp_policy(self) -> bool:
-        """A feed-forward MLP model (no recurrent core, no CNN torso)."""
-        return self.config.model.body == "mlp" and self.config.model.recurrent == "none"
-
 
 AutoRule = Callable[[Context], tuple[Any, str]]
 Blockers = Callable[[Context], list[tuple[bool, str]]]
@@ -165,9 +160,6 @@ class Flag:
     def name(self) -> str:
         return self.key.split(".", 1)[1]
 
-    def parity_of(self, value: Any) -> str:
-        return self.parity_by_value.get(value, self.parity)
-
     def is_plain(self, value: Any) -> bool:
         return value == self.plain or (value is None and self.plain is None)
 
@@ -183,11 +175,6 @@ class Flag:
 
 def _on_cuda(why: str) -> AutoRule:
     return lambda ctx: (ctx.on_cuda, why)
-
-
-def _gated(want: Callable[[Context], bool], why: str) -> AutoRule:
-    """``auto`` = on where ``want`` says so (blockers already turned it off where they apply)."""
-    return lambda ctx: (want(ctx), why)
 
 
 def _amp_dtype_auto(ctx: Context) -> tuple[Any, str]:
@@ -446,6 +433,11 @@ FLAGS: tuple[Flag, ...] = (
          "Adam's per-tensor Python loop.", "multi-tensor (`foreach`) or one fused kernel (`fused`) per group.",
          "speedups.make_adam", "update", auto=_optimizer_auto,
          advice="optimizer_impl=fused (one kernel for the Adam step)"),
+    Flag(_o("foreach_grad_clip"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
+         "the same global norm, summed by multi-tensor kernels",
+         "`torch.nn.utils.clip_grad_norm_` (with its per-call checks).",
+         "the global norm and the scale in three multi-tensor ops (norms, their norm, one multiply).",
+         "speedups.clip_grad_norm", "update", auto=_always("three kernels instead of a loop over tensors")),
     Flag(_o("direct_adam_step"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the same fused kernel on the same state, without the optimiser's bookkeeping",
          "`optimizer.step()` of the fused Adam.",

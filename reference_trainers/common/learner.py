@@ -25,7 +25,6 @@ from . import device as dev
 from . import distributed
 from .config import OptimizationsConfig, TrainConfig
 from .numpy_acting import numpy_blas_threads
-from .resolve import amp_dtype
 from .speedups import CompiledOrEager, CudaGraphedStep, FusedAdamStep, clip_grad_norm, make_adam
 from .stats import make_stats
 
@@ -97,7 +96,7 @@ class Learner:
         self.train_model: nn.Module = distributed.wrap_model(model, device) if config.distributed.enabled else model
         self.nan_policy = config.stability.nan_policy
         self.max_grad_norm = config.stability.max_grad_norm
-        self.amp, self.amp_dtype = bool(o.amp), amp_dtype(config)
+        self.amp, self.amp_dtype = bool(o.amp), dev.amp_dtype(config)
         self.scaler = dev.grad_scaler(device, enabled=self.amp and self.amp_dtype == torch.float16)
         # a plain bool: compiled steps read it (``GradScaler.is_enabled`` is a graph break under torch.compile)
         self.loss_scaling = self.scaler.is_enabled()
@@ -108,7 +107,7 @@ class Learner:
         self.params = list(model.parameters())
         # a closure that sets every gradient writes them into one flat buffer: clipping is one norm and one scale
         self.flat_grad = flat_gradients(self.params) if sets_grads else None
-        self.foreach_clip = o.optimizer_impl != "forloop"
+        self.foreach_clip = bool(o.foreach_grad_clip)
         # direct_adam_step: the fused kernel called directly on the optimiser's state (resolve allows it with
         # fused Adam, no CUDA graph capture and no GradScaler); plain: ``optimizer.step()``
         self.direct_step = FusedAdamStep(self.optimizer) if o.direct_adam_step else None

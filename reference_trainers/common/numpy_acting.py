@@ -26,8 +26,7 @@ from .networks import MLP
 LOG_2PI = math.log(2 * math.pi)
 BLOCK_SPLIT_MIN_ROWS = 16
 """From this many rows a block-diagonal layer runs as two half-width products (half the
-arithmetic; measured 64 rows x 128 units: 9 us against 18 us for the full product), below
-it as one product (one call beats two)."""
+arithmetic, so faster than the full product), below it as one product (one call beats two)."""
 
 
 def _transposed_copy(weight: torch.Tensor) -> np.ndarray:
@@ -38,7 +37,7 @@ def _transposed_copy(weight: torch.Tensor) -> np.ndarray:
 class Dense:
     """A linear layer over NumPy arrays: ``weight`` (out, in) and ``weight_t`` (its transpose, either
     may be a view of the other), ``bias``. One row (a 1-D input) is a matrix-vector product with
-    ``weight``, about twice as fast as a one-row matrix product at acting sizes."""
+    ``weight``, faster than a one-row matrix product at acting sizes."""
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray, weight_t: np.ndarray | None = None) -> None:
         self.weight, self.bias = weight, bias
@@ -81,7 +80,7 @@ class NumpyBlasThreads:
 
     Acting products are small enough for one thread; left at its default, NumPy's BLAS wakes
     its worker threads for a 64-row product and they spin beside torch's threads through the
-    update that follows (measured: a 2048-row PPO minibatch 3x slower on 2 cores). Only the
+    update that follows, slowing it down on a machine with few cores. Only the
     BLAS library that NumPy itself loaded is limited, never torch's.
     """
 

@@ -240,9 +240,6 @@ def _resolve_observations(config: TrainConfig, reasons: dict[str, str], space: g
 MIN_CNN_SIDE = 36
 """The Nature CNN's 8x8/4, 4x4/2, 3x3/1 convolutions leave one pixel of a 36x36 image."""
 
-def amp_dtype(config: TrainConfig) -> torch.dtype:
-    return torch.bfloat16 if config.optimizations.amp_dtype == "bfloat16" else torch.float16
-
 
 def optimisation_summary(config: TrainConfig) -> str:
     """One line naming every registry optimisation that applies to this algorithm and device, with the

@@ -141,8 +141,8 @@ class FusedAdamStep:
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, foreach: bool) -> torch.Tensor:
     """Scale the gradients to a global L2 norm of at most ``max_norm``; returns the norm before clipping.
 
-    Plain path: ``torch.nn.utils.clip_grad_norm_``. ``foreach`` (with ``optimizer_impl``
-    foreach or fused): the same formula in three multi-tensor ops (norms, their norm, the
+    Plain path: ``torch.nn.utils.clip_grad_norm_``. ``foreach`` (``foreach_grad_clip``):
+    the same formula in three multi-tensor ops (norms, their norm, the
     scale), without the per-call checks. Guarded by ``test_foreach_clip_matches_torch``."""
     if not foreach:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)

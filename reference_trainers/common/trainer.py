@@ -1,9 +1,7 @@
-"""What every trainer exposes to the harness, and how a trainer runs on its own.
+"""What one ``iterate()`` did, and how a trainer runs on its own.
 
-A trainer is built as ``Trainer(config, probe=None, resolution=None)`` and offers
-``iterate() -> IterationResult``, ``select_actions(obs)``, ``activate()``,
-``mean_recent_return()``, ``compile_fallback``, ``nonfinite_events``, ``next_obs``, ``iterations``,
-``env_steps``, ``last_stats`` and ``close()``. ``harness.runner`` uses nothing else.
+A trainer is built as ``Trainer(config, probe=None, resolution=None)``; what the harness calls
+on it is ``reference_trainers.Trainer``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ class IterationResult:
     updates: int
 
 
-def train_from_command_line(trainer_cls: Callable[[TrainConfig], Any], loss_key: str, argv: list[str] | None,
+def train_from_command_line(build: Callable[[TrainConfig], Any], loss_key: str, argv: list[str] | None,
                             prog: str, description: str | None, algo: str = "ppo") -> int:
     """``python -m reference_trainers.<algo> --config FILE [--steps N] [--set KEY=VALUE]...``: train, print progress.
 
@@ -47,7 +45,7 @@ def train_from_command_line(trainer_cls: Callable[[TrainConfig], Any], loss_key:
         config = build_config(data, args.overrides)
         if config.algo != algo:
             raise ConfigError(f"algo: {config.algo!r} cannot run under {prog}; accepted: {algo!r} (or no algo key)")
-        trainer = trainer_cls(config)
+        trainer = build(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
