@@ -25,7 +25,8 @@ from torch import nn
 from .common import analytic, distributed
 from .common import numpy_acting as host
 from .common.config import ConfigError, TrainConfig
-from .common.envs import EpisodeTracker, frames_in_step, open_vector_env
+from .common.envs import frames_in_step, open_vector_env
+from .common.episodes import EpisodeTracker
 from .common.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic, StackedMLPs
 from .common.prefetch import Prefetcher

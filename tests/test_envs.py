@@ -11,15 +11,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from gymnasium.vector import AutoresetMode
 
 from reference_trainers.common.envs import (
     VECTORIZATION_MODES,
     ActionRepeat,
     EnvConfigError,
-    EpisodeTracker,
     SerialVectorEnv,
     VectorizationChoice,
     check_env_id,
@@ -27,6 +26,7 @@ from reference_trainers.common.envs import (
     make_vector_env,
     resolve_vectorization,
 )
+from reference_trainers.common.episodes import EpisodeTracker
 
 
 class CountingEnv(gym.Env):

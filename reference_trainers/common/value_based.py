@@ -29,9 +29,9 @@ from . import distributed
 from .analytic import aten_tanh_from
 from .analytic import supports as is_plain_mlp
 from .buffers import Sample, make_replay
-from .trainer_state import Checkpointable
 from .config import ConfigError, TrainConfig, ValueConfig
-from .envs import EpisodeTracker, frames_in_step, open_vector_env
+from .envs import frames_in_step, open_vector_env
+from .episodes import EpisodeTracker
 from .learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .nstep import make_writer
 from .numpy_acting import NumpyMLP, chunk_rows, in_chunks
@@ -40,6 +40,7 @@ from .probe import NullProbe, Probe
 from .resolve import Resolution, resolve_config
 from .speedups import HostToDevice, hand_written_step
 from .trainer import IterationResult
+from .trainer_state import Checkpointable
 
 
 class ActingNoise(NamedTuple):
