@@ -13,12 +13,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flag_effects import (PrefetchTrace, assert_prefetched, dynamo_graphs, matmul_dtypes_of_iterate,
-                          no_grad_forward_rows, precision_during_updates, running, spy, tensor_calls,
-                          threads_during_updates)
+from flag_effects import (
+    PrefetchTrace,
+    assert_prefetched,
+    dynamo_graphs,
+    no_grad_forward_rows,
+    running,
+    spy,
+    tensor_calls,
+)
 
 from reference_trainers.common import analytic, buffers, numpy_acting, per
-from reference_trainers.common import device as dev
 from reference_trainers.common.nstep import NStepWriter, OneStepWriter
 
 ALGOS = ("dqn", "iqn")
@@ -139,48 +144,6 @@ def test_num_workers_gathers_replay_minibatches_ahead_before_the_first_is_consum
         trainer.learner.step = trace.consuming(trainer.learner.step)
         trainer.iterate()
     assert_prefetched(trace)
-
-
-# --------------------------------------------------------------------------- process settings and precision
-
-@pytest.mark.flag_effect("optimizations.torch_threads")
-@pytest.mark.flag_effect("optimizations.torch_threads", "1")
-@pytest.mark.flag_effect("optimizations.torch_threads", "2")
-@pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("setting", [None, 1, 2])
-def test_torch_threads_are_in_force_while_iterate_runs(algo: str, setting: int | None) -> None:
-    """Every update runs on the configured intra-op thread count (null: torch's default)."""
-    assert set(threads_during_updates(algo, setting)) == {setting or dev.DEFAULT_THREADS}
-
-
-@pytest.mark.flag_effect("optimizations.matmul_precision", "high")
-@pytest.mark.flag_effect("optimizations.matmul_precision", "medium")
-@pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
-def test_matmul_precision_is_in_force_while_iterate_runs(algo: str, precision: str) -> None:
-    """Every update runs under the configured float32 matmul precision."""
-    assert set(precision_during_updates(algo, precision)) == {precision}
-
-
-@pytest.mark.flag_effect("optimizations.amp")
-@pytest.mark.flag_effect("optimizations.amp_dtype")
-@pytest.mark.flag_effect("optimizations.amp_dtype", "bfloat16")
-@pytest.mark.flag_effect("optimizations.amp_dtype", "float16")
-@pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("amp_dtype", [None, "bfloat16", "float16"])
-def test_amp_runs_the_forward_matmuls_in_the_chosen_dtype(monkeypatch: pytest.MonkeyPatch, algo: str,
-                                                          amp_dtype: str | None) -> None:
-    """Off: every matmul in float32; on: acting and update matmuls in the AMP dtype (fp16 loss-scaled)."""
-    unscaled = spy(monkeypatch, torch.amp.GradScaler, "_unscale_grads_")
-    flags = ["optimizations.amp=false"] if amp_dtype is None else ["optimizations.amp=true",
-                                                                  f"optimizations.amp_dtype={amp_dtype}"]
-    update, acting, updates = matmul_dtypes_of_iterate(algo, *flags)
-    low = {None: torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[amp_dtype]
-    assert low in update and low in acting
-    assert not ({torch.bfloat16, torch.float16} - {low}) & (update | acting)
-    if amp_dtype is None:
-        assert update == acting == {torch.float32}
-    assert len(unscaled) == (updates if amp_dtype == "float16" else 0)
 
 
 # --------------------------------------------------------------------------- torch.compile
