@@ -176,7 +176,7 @@ class _OpaqueStateEnv(gym.Env):
 
 
 def test_env_with_state_outside_numpy_is_refused_naming_the_attribute() -> None:
-    from reference_trainers.common.envs import SerialVectorEnv
+    from reference_trainers.common.serial_env import SerialVectorEnv
 
     envs = SerialVectorEnv([_OpaqueStateEnv])
     envs.reset(seed=0)

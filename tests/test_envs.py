@@ -19,7 +19,6 @@ from reference_trainers.common.envs import (
     VECTORIZATION_MODES,
     ActionRepeat,
     EnvConfigError,
-    SerialVectorEnv,
     VectorizationChoice,
     check_env_id,
     frames_in_step,
@@ -27,6 +26,7 @@ from reference_trainers.common.envs import (
     resolve_vectorization,
 )
 from reference_trainers.common.episodes import EpisodeTracker
+from reference_trainers.common.serial_env import SerialVectorEnv
 
 
 class CountingEnv(gym.Env):
