@@ -232,6 +232,13 @@ class RunConfig(_Section):
     return_window: int = Field(20, ge=1)
     """Episodes averaged into ``mean_return_last_k``."""
     latency_samples: int = Field(100, ge=1)
+    fair_threads: bool = True
+    """Cap torch's default intra-op thread count (a variant with ``torch_threads`` unset) at the
+    cores other processes leave free, measured just before the run, so that a busy neighbour
+    cannot make default-threaded variants spin against it. A quiet machine is unaffected."""
+    planted_slowdown_pct: float = Field(0.0, ge=0.0, lt=100.0)
+    """Calibration knob: each timed iteration busy-waits so that throughput falls by this percent
+    (20 -> 0.8x env steps/s). Used by ``rlgauge calibrate``; 0 (no delay) for measurements."""
 
 
 class TrainConfig(_Section):
