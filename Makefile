@@ -3,6 +3,8 @@
 #   make bench TORCH_SPEC="torch==2.6.0" TORCH_INDEX="--index-url <your PyTorch wheel index>"
 # Tracking speed across commits (see docs/tracking.md):
 #   make asv-check | asv-quick | asv-continuous BASE=<ref> HEAD_REF=<ref> | asv-publish | gate
+#   make gate-base BASE=<ref>   (this checkout against an earlier commit, alternating processes)
+#   (asv-publish draws what asv-quick / asv-continuous saved: run one of them first)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -17,6 +19,11 @@ ASV_FACTOR ?= 1.3
 ASV_GATED ?= seconds_per_1k|time_|peakmem_|peak_device
 BASE ?= HEAD~1
 HEAD_REF ?= HEAD
+# asv-quick files its results under this commit (ASV_QUICK_ARGS: more asv run options, e.g.
+# -b time_insert_vector_step); asv-publish reads them from ASV_RESULTS (asv.conf.json's results_dir).
+ASV_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+ASV_RESULTS ?= .asv/results
+ASV_QUICK_ARGS ?=
 
 # The quick gate: both variants interleaved in one process; optimized/baseline env steps/sec
 # must not be confirmed below MIN_SPEEDUP, and every stability check must pass. One
@@ -26,7 +33,13 @@ MIN_SPEEDUP ?= 2.0
 GATE_ARGS ?= --steps 2048 --repeats 9 --set run.warmup_steps=1024
 GATE_OUT ?=
 
-.PHONY: install bench test test-fast asv-machine asv-check asv-quick asv-continuous asv-publish gate clean
+# The cross-commit gate: BASE (a git ref) checked out in a temporary worktree; its optimized
+# variant and this checkout's are measured by alternating processes, rounds flipping the
+# order; fails on a slowdown the interval confirms beyond gates.yaml's max_slowdown_pct.
+GATE_BASE_ARGS ?= --steps 4096 --repeats 3 --set run.warmup_steps=1024 --rounds 3
+GATE_BASE_OUT ?=
+
+.PHONY: install bench test test-fast asv-machine asv-check asv-quick asv-continuous asv-publish gate gate-base clean
 
 install: $(STAMP)
 
@@ -54,18 +67,29 @@ asv-machine: install
 asv-check: install
 	$(BIN)/asv check --python=same
 
+# --python=same runs in this environment, where asv saves results only under a commit hash:
+# --set-commit-hash files them under HEAD (uncommitted changes are measured but filed as HEAD),
+# so that asv-publish has something to draw.
 asv-quick: asv-machine
-	$(BIN)/asv run --quick --python=same
+	@test -n "$(ASV_COMMIT)" || { echo "asv-quick: needs a git checkout (results are filed under a commit)" >&2; exit 2; }
+	@git diff --quiet HEAD || echo "asv-quick: uncommitted changes are measured but filed under HEAD ($(ASV_COMMIT))" >&2
+	$(BIN)/asv run --quick --python=same --set-commit-hash $(ASV_COMMIT) $(ASV_QUICK_ARGS)
 
 asv-continuous: asv-machine
 	$(BIN)/asv continuous --factor $(ASV_FACTOR) -b '$(ASV_GATED)' $(BASE) $(HEAD_REF)
 
+# Refuses to write an empty site: publish needs saved results (asv-quick, asv run or asv-continuous).
 asv-publish: install
+	@ls $(ASV_RESULTS)/*/*-*.json >/dev/null 2>&1 || { echo "asv-publish: no saved results in $(ASV_RESULTS)/; run make asv-quick first" >&2; exit 2; }
 	$(BIN)/asv publish
 
 gate: install
 	OMP_NUM_THREADS=1 $(BIN)/rlgauge gate --run $(GATE_PRESET) --min-speedup $(MIN_SPEEDUP) $(GATE_ARGS) --quiet \
 		$(if $(GATE_OUT),--out $(GATE_OUT))
+
+gate-base: install
+	OMP_NUM_THREADS=1 $(BIN)/rlgauge gate --base $(BASE) --run $(GATE_PRESET) $(GATE_BASE_ARGS) \
+		$(if $(GATE_BASE_OUT),--out $(GATE_BASE_OUT))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info .asv

@@ -14,7 +14,9 @@ repeat with the order rotated (``runner.run_variants``), so per-repeat ratios ar
 Per flag: ``alone`` = ``+flag / baseline`` (its marginal speedup) and ``in_stack`` =
 ``all-on / -flag`` (its contribution to the full stack), each the median of the paired
 per-repeat ratios with a 95 % percentile bootstrap interval of that median
-(``compare.paired_ratio``). A flag whose interval includes 1.0 is within noise.
+(``compare.paired_ratio``). A flag whose interval includes 1.0 is within noise. A verdict
+needs ``power.MIN_REPEATS`` repeats and states its resolution ("helps (resolves +/-3.1 %)");
+with fewer the table says "no verdict" and calls the bracket the range of the ratios.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from reference_trainers.common.config import ConfigError, TrainConfig, build_con
 from reference_trainers.common.flags import ablation_keys
 from reference_trainers.common.resolve import resolve_config
 
+from . import power
 from .compare import CONFIDENCE, Ratio, paired_ratio
 from .errors import UserError
 from .presets import load_preset
@@ -36,6 +39,7 @@ from .runner import VariantSpec
 ABLATE_DEFAULT_STEPS = 8192
 """Timed env steps per arm and repeat (the preset's own budget is for two variants, not a dozen)."""
 INTERVAL = f"{CONFIDENCE:.0%} percentile bootstrap of the median paired per-repeat ratio"
+RANGE = "the range (min-max) of the paired per-repeat ratios, not a confidence interval"
 FLAG_KEYS = ablation_keys()
 """Every optimisation of the flag registry (settings and algorithm options are swept, not ablated)."""
 
@@ -199,14 +203,34 @@ class FlagEffect:
 
 def verdict(ratio: Ratio | None) -> str:
     """'helps' / 'hurts' when the interval excludes 1.0, else 'within noise' ('n/a' when not measured;
-    no verdict from a single repeat)."""
+    ``power.no_verdict`` with fewer than ``power.MIN_REPEATS`` repeats)."""
     if ratio is None:
         return "n/a"
-    if ratio.n < 2:
-        return "no interval (one repeat)"
+    if not power.has_power(ratio.n):
+        return power.no_verdict(ratio.n)
     if ratio.low > 1.0:
         return "helps"
     return "hurts" if ratio.high < 1.0 else "within noise"
+
+
+def verdict_text(ratio: Ratio | None) -> str:
+    """The verdict with the resolution it was given at: ``helps (resolves +/-3.1 %)``."""
+    words = verdict(ratio)
+    if ratio is None or not power.has_power(ratio.n):
+        return words
+    return f"{words} ({power.resolution_note(ratio)})"
+
+
+def interval_text(runs: list[RunResult]) -> str:
+    """What the brackets of the table are: a bootstrap interval, or with too few repeats the range."""
+    n = _repeats(runs)
+    return INTERVAL if n is None or power.has_power(n) else f"{n} repeat{'s' * (n != 1)}: {RANGE}"
+
+
+def _repeats(runs: list[RunResult]) -> int | None:
+    counts = [len(run.metrics["env_steps_per_sec"]["samples"]) for run in runs
+              if run.status == "ok" and run.metrics.get("env_steps_per_sec")]
+    return min(counts) if counts else None
 
 
 def _samples(results: dict[str, RunResult], arm: str) -> list[float] | None:
@@ -266,13 +290,15 @@ def _cell(ratio: Ratio | None) -> str:
 
 
 def _verdict(effect: FlagEffect) -> str:
-    return f"alone: {verdict(effect.alone)}; in stack: {verdict(effect.in_stack)}"
+    return f"alone: {verdict_text(effect.alone)}; in stack: {verdict_text(effect.in_stack)}"
 
 
 def _expect_verdict(effect: FlagEffect) -> str:
     ratio = effect.alone
     if effect.expected is None or ratio is None:
         return ""
+    if not power.has_power(ratio.n):
+        return power.no_verdict(ratio.n)
     if ratio.low <= effect.expected <= ratio.high:
         return "as expected"
     return "above expected" if ratio.low > effect.expected else "below expected"
@@ -295,8 +321,9 @@ def markdown_table(plan: AblationPlan, runs: list[RunResult], effects: list[Flag
                     "n/a" if e.alone is None else f"{e.alone.value:.2f}x", _expect_verdict(e)]
         lines.append("| " + " | ".join(row) + " |")
     total = overall(plan, runs)
-    lines += ["", f"Whole stack (all-on / baseline): {_cell(total)}. Intervals: {INTERVAL}; "
-              "'within noise' = the interval includes 1.0.", "",
+    lines += ["", f"Whole stack (all-on / baseline): {_cell(total)}. Intervals: {interval_text(runs)}; "
+              "'within noise' = the interval includes 1.0; 'resolves +/-X %' = the smallest effect this "
+              f"run could tell from noise; a verdict needs {power.MIN_REPEATS} repeats.", "",
               "| arm | env_steps_per_sec median [min-max] | status |", "|---|---|---|"]
     for run in runs:
         rate = run.metrics.get("env_steps_per_sec")
@@ -312,13 +339,17 @@ def markdown_table(plan: AblationPlan, runs: list[RunResult], effects: list[Flag
 
 
 def _ratio_json(ratio: Ratio | None) -> dict[str, float] | None:
-    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "n": ratio.n}
+    """The ratio with its resolution (in %; None without the repeats for a verdict)."""
+    if ratio is None:
+        return None
+    resolution = round(power.resolution_pct(ratio), 2) if power.has_power(ratio.n) else None
+    return {"median": ratio.value, "low": ratio.low, "high": ratio.high, "n": ratio.n, "resolution_pct": resolution}
 
 
 def ablation_json(plan: AblationPlan, runs: list[RunResult], effects: list[FlagEffect]) -> dict[str, Any]:
     by_name = {f.name: f for f in plan.flags}
     return {
-        "schema_version": 1, "preset": plan.preset, "device": plan.device, "interval": INTERVAL,
+        "schema_version": 1, "preset": plan.preset, "device": plan.device, "interval": interval_text(runs),
         "machine": runs[0].machine if runs else {},
         "steps": runs[0].config["run"]["steps"] if runs else None,
         "repeats": runs[0].config["run"]["repeats"] if runs else None,

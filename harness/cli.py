@@ -28,6 +28,7 @@ from .results import check_writable, load_results, save_results
 
 if TYPE_CHECKING:
     from .checkpoints import Checkpointing
+    from .gate import Thresholds
 
 
 
@@ -74,11 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--max-slowdown", type=float, metavar="PCT", help="tolerated throughput loss in %% (with --baseline)")
     gate.add_argument("--run", metavar="PRESET|FILE.yaml", help="measure both variants interleaved in this process")
     gate.add_argument("--min-speedup", type=float, metavar="X", help="minimum optimized/baseline speedup (with --run)")
+    gate.add_argument("--base", metavar="REF",
+                      help="measure the optimized variant of git REF and of this checkout in alternating processes "
+                           "(--run PRESET, default ppo-cartpole); exit 1 on a confirmed slowdown beyond --max-slowdown")
+    gate.add_argument("--rounds", type=int, metavar="N", help="with --base: alternating rounds, one process per side each (default 3)")
     run_options(gate)
     gate.add_argument("--out", type=Path, metavar="RESULT.json", help="with --run: write the measured results here")
     gate.add_argument("--quiet", action="store_true", help="with --run: no progress bar or optimisation summary")
     gate.add_argument("--confidence", type=float, help="level of the bootstrap intervals")
     gate.add_argument("--allow-compile-fallback", action="store_true", help="a torch.compile fallback does not fail")
+    gate.add_argument("--allow-untrustworthy", action="store_true",
+                      help="gate runs whose quality verdict says they are not trustworthy (their reasons become warnings)")
     gate.add_argument("--thresholds", type=Path, metavar="FILE.yaml", help="thresholds file (default: harness/gates.yaml)")
 
     record = sub.add_parser("record", help="append one RUNS.md row per run of the given result files")
@@ -112,6 +119,7 @@ def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing
             cause = f" by {signals.received[0]}" if signals.received else ""
             print(f"rlgauge: interrupted{cause} (timed env steps completed: {steps})", file=sys.stderr)
         _console().print(results_table(results))
+        warn_untrustworthy(results)
         if args.out is not None:
             try:
                 save_results(args.out, results)
@@ -119,6 +127,13 @@ def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing
                 raise UserError(f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from None
             print(f"results written to {args.out}" + (" (marked interrupted)" if interrupted else ""), file=sys.stderr)
     return results, interrupted
+
+
+def warn_untrustworthy(results: list) -> None:
+    """One stderr warning line per reason a run's figures are not trustworthy."""
+    for result in results:
+        for reason in (result.quality or {}).get("reasons", []):
+            print(f"rlgauge: warning: {result.preset}/{result.variant} is not trustworthy: {reason}", file=sys.stderr)
 
 
 def _console() -> Console:
@@ -246,13 +261,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         pairs = file_pairs(runs[0], runs[1], str(args.files[0]), str(args.files[1]))
         headers = (f"A: {args.files[0]}", f"B: {args.files[1]}")
+    warned: set[int] = set()
     for pair in pairs:
         base_header = None if headers[0] is None else f"{headers[0]} ({pair.base.variant})"
         cand_header = None if headers[1] is None else f"{headers[1]} ({pair.cand.variant})"
         _console().print(comparison_table(pair, confidence=confidence, base_header=base_header,
                                           cand_header=cand_header))
+        _print_run_states(pair, headers, warned)
         _warn_if_not_comparable(pair)
     return EXIT_OK
+
+
+def _print_run_states(pair: Pair, headers: tuple[str | None, str | None], warned: set[int]) -> None:
+    """Under a comparison: each run's machine state and quality (stdout); a warning per untrustworthy run
+    (stderr, once per run however many pairs it is in)."""
+    from .compare import state_line, untrustworthy_warning
+
+    for run, header in ((pair.base, headers[0]), (pair.cand, headers[1])):
+        label = f"{run.preset}/{run.variant}" + ("" if header is None else f" ({header.partition(':')[0]})")
+        print(state_line(label, run))
+        warning = untrustworthy_warning(label, run)
+        if warning is not None and id(run) not in warned:
+            warned.add(id(run))
+            print(warning, file=sys.stderr)
 
 
 def _warn_if_not_comparable(pair: Pair) -> None:
@@ -287,7 +318,11 @@ def _gate_files_mode(args: argparse.Namespace) -> bool:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from .gate import checks_table, failed, gate_files, gate_variants, load_thresholds
+    if args.base is not None:
+        from .cross_commit import cmd_gate_base
+
+        return cmd_gate_base(args)
+    from .gate import check_quality, checks_table, failed, gate_files, load_thresholds, underpowered
 
     files_mode = _gate_files_mode(args)
     thresholds = load_thresholds(args.thresholds).with_overrides(
@@ -298,20 +333,23 @@ def cmd_gate(args: argparse.Namespace) -> int:
         base_runs, cand_runs = load_results(args.baseline), load_results(args.candidate)
         checks, pairs = gate_files(base_runs, cand_runs, thresholds)
         title = f"gate: {args.candidate} against {args.baseline}"
+        gated = [(f"{r.preset}/{r.variant} ({path})", r) for path, runs in ((args.baseline, [p.base for p in pairs]),
+                                                                           (args.candidate, cand_runs)) for r in runs]
+        notes = check_quality(gated, args.allow_untrustworthy)
     else:
-        from .runner import resolve_specs
-
-        specs = specs_for(args.run, "both", user_overrides(args))
-        if len(specs) < 2:
-            raise UserError(f"gate --run {args.run}: needs a preset with a baseline and an optimized variant")
-        resolve_specs(specs)
-        if args.out is not None:
-            check_writable(args.out)
-        results, interrupted = _measure(specs, args)
-        if interrupted:
+        measured = _gate_run(args, thresholds)
+        if measured is None:
             return EXIT_INTERRUPTED
-        checks, pairs = gate_variants(results, thresholds)
+        checks, pairs, results = measured
         title = f"gate: {args.run}, variants interleaved in one process"
+        notes = [line for line in check_quality([(f"{r.preset}/{r.variant}", r) for r in results],
+                                                args.allow_untrustworthy)
+                 if not line.startswith("rlgauge: warning:")]  # _measure has printed the warnings
+    refusal = underpowered(checks)
+    if refusal is not None:
+        raise UserError(refusal)
+    for line in notes:
+        print(line, file=sys.stderr)
     for pair in pairs:
         _warn_if_not_comparable(pair)
     console = _console()
@@ -323,6 +361,35 @@ def cmd_gate(args: argparse.Namespace) -> int:
         return EXIT_CHECK_FAILED
     print(f"rlgauge: gate passed ({sum(c.passed is True for c in checks)} checks)", file=sys.stderr)
     return EXIT_OK
+
+
+def _gate_run(args: argparse.Namespace, thresholds: Thresholds) -> tuple[list, list[Pair], list] | None:
+    """``gate --run``: measure both variants (enough repeats checked first, nothing run without them),
+    once more if the speedup fails just short of its minimum; (checks, pairs, runs), None if interrupted."""
+    from . import power
+    from .gate import gate_variants, no_power_message, remeasure_reason
+    from .runner import resolve_specs
+
+    specs = specs_for(args.run, "both", user_overrides(args))
+    if len(specs) < 2:
+        raise UserError(f"gate --run {args.run}: needs a preset with a baseline and an optimized variant")
+    repeats = min(resolution.config.run.repeats for resolution in resolve_specs(specs))
+    if not power.has_power(repeats):
+        raise UserError(no_power_message(repeats))
+    if args.out is not None:
+        check_writable(args.out)
+    results, interrupted = _measure(specs, args)
+    if interrupted:
+        return None
+    checks, pairs = gate_variants(results, thresholds)
+    why = remeasure_reason(results, checks, thresholds)
+    if why is not None:
+        print(f"rlgauge: gate: measuring once more, the second measurement decides: {why}", file=sys.stderr)
+        results, interrupted = _measure(specs, args)
+        if interrupted:
+            return None
+        checks, pairs = gate_variants(results, thresholds)
+    return checks, pairs, results
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -51,6 +51,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
     matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
 
+    calibrate = sub.add_parser("calibrate", help="the throughput gate's false alarms and detection rate on this "
+                               "machine (A/A and planted slowdowns, interleaved); recommends --repeats and --max-slowdown")
+    calibrate.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
+                           help="what to measure (default: ppo-cartpole)")
+    calibrate.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant measured (default: optimized)")
+    calibrate.add_argument("--trials", type=int, default=100, help="trials at the largest --repeats-grid value (default: 100)")
+    calibrate.add_argument("--repeats-grid", default="3,5,7,9", metavar="R1,R2,...",
+                           help="repeats per gated run to evaluate, each >= 3 (default: 3,5,7,9)")
+    calibrate.add_argument("--thresholds-grid", default="5,10,15,20", metavar="T1,T2,...",
+                           help="--max-slowdown percentages to evaluate (default: 5,10,15,20)")
+    calibrate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a config value (repeatable)")
+    calibrate.add_argument("--device", help="auto | cpu | cuda[:N] | mps (default: the preset's)")
+    calibrate.add_argument("--steps", type=int, help="timed env steps of each round (default: 2048)")
+    calibrate.add_argument("--seed", type=int, help="random seed")
+    calibrate.set_defaults(repeats=None)  # rounds come from --trials and --repeats-grid
+    calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: calibrate-PRESET/)")
+    calibrate.add_argument("--quiet", action="store_true", help="no progress bar or time estimate")
+
 
 def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
     return (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
@@ -80,11 +99,13 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     say = _say(args)
     say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
         + ", ".join(spec.variant for spec in specs))
+    _note_no_power(specs, "the verdicts")
     runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
     save_results(out / "runs.json", runs)
     if interrupted:
         print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    _warn_untrustworthy(runs)
     effects = ablate.flag_effects(plan, runs, expected)
     print(ablate.markdown_table(plan, runs, effects))
     write_text_atomically(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
@@ -96,7 +117,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from . import sweep
-    from .plots import line_chart
+    from .plots import sweep_chart
     from reference_trainers.common.atomic_file import write_text_atomically
 
     from .results import check_output_dir
@@ -111,16 +132,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     device = resolve_specs(specs[:1])[0].device
     _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
+    if len(params) > 1:
+        _note_no_power(specs, "the fastest point of each row")
     runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
     save_results(out / "runs.json", runs)
     if interrupted:
         print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    _warn_untrustworthy(runs)
     points = sweep.points(params, runs)
     title = f"Sweep: {preset} ({args.variant}) on {device}"
     print(sweep.markdown_table(title, params, points))
     write_text_atomically(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
-    line_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
+    sweep_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
     _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
     return _status_code(runs)
 
@@ -178,6 +202,32 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return _status_code(runs)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import run_command
+
+    return run_command(args)
+
+
+def _note_no_power(specs: list, what: str) -> None:
+    """Before measuring: say so when the repeats are too few for ``what`` (ablate, sweep)."""
+    from .power import MIN_REPEATS, has_power, no_verdict
+
+    repeats = min(spec.config.run.repeats for spec in specs)
+    if not has_power(repeats):
+        print(f"rlgauge: note: {what} will read '{no_verdict(repeats)}'; measure with --repeats {MIN_REPEATS} "
+              "or more", file=sys.stderr)
+
+
+def _warn_untrustworthy(runs: list) -> None:
+    """After measuring (ablate, sweep): one warning line per run whose quality verdict says it is not trustworthy."""
+    from .compare import untrustworthy_warning
+
+    for run in runs:
+        warning = untrustworthy_warning(f"{run.preset}/{run.variant}", run)
+        if warning is not None:
+            print(warning, file=sys.stderr)
+
+
 def _status_code(runs: list) -> int:
     bad = [r for r in runs if r.status != "ok"]
     for result in bad:
@@ -185,4 +235,5 @@ def _status_code(runs: list) -> int:
     return EXIT_CHECK_FAILED if bad else EXIT_OK
 
 
-COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix}
+COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix,
+            "calibrate": cmd_calibrate}

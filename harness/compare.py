@@ -15,6 +15,10 @@ Both use ``RESAMPLES`` resamples from a fixed seed, so the same files always giv
 interval. With few repeats the interval is honest rather than narrow: with 3 paired rounds
 it is the range of the 3 ratios. Metrics measured once per run (latency percentiles,
 memory) get a plain ratio and no interval.
+
+A verdict (better / worse, confirmed) needs ``power.MIN_REPEATS`` repeats behind its ratio
+and states its resolution (``power.resolution_note``); with fewer, ``change`` says "no
+verdict" and the caption calls the bracket what it is: the range of the ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
+from . import power
 from .errors import UserError
 from .results import RunResult
 
@@ -167,8 +172,12 @@ def _latency(pct: str) -> Callable[[RunResult], Any]:
 
 
 RATE_METRICS = ("env_steps_per_sec", "agent_steps_per_sec", "updates_per_sec")
+CPU_METRIC = "cpu_seconds_per_1k_env_steps"
+SAMPLED_METRICS = (*RATE_METRICS, CPU_METRIC)
+"""Metrics with one sample per repeat: their ratios get intervals (paired when the pair is)."""
 METRICS: tuple[Metric, ...] = (
     *(Metric(key, True, _metric(key), 0) for key in RATE_METRICS),
+    Metric(CPU_METRIC, False, _metric(CPU_METRIC), 3),
     Metric("inference_latency_ms p50", False, _latency("p50"), 3),
     Metric("inference_latency_ms p95", False, _latency("p95"), 3),
     Metric("host_syncs_per_step", False, _metric("host_syncs_per_step")),
@@ -180,7 +189,7 @@ METRICS: tuple[Metric, ...] = (
 
 
 def rate_samples(run: RunResult, key: str) -> list[float] | None:
-    """The per-repeat samples of a rate metric, or None when the run measured none."""
+    """The per-repeat samples of a sampled metric (a rate, CPU seconds), or None when the run has none."""
     block = run.metrics.get(key)
     if not isinstance(block, dict) or not block.get("samples"):
         return None
@@ -191,7 +200,7 @@ def metric_ratio(pair: Pair, metric: Metric, *, confidence: float = CONFIDENCE) 
     """``cand / base`` for one metric, with an interval where it has per-repeat samples."""
     if metric.higher_is_better is None:
         return None
-    if metric.key in RATE_METRICS:
+    if metric.key in SAMPLED_METRICS:
         base, cand = rate_samples(pair.base, metric.key), rate_samples(pair.cand, metric.key)
         if not base or not cand:
             return None
@@ -205,12 +214,17 @@ def metric_ratio(pair: Pair, metric: Metric, *, confidence: float = CONFIDENCE) 
 
 
 def change(ratio: Ratio | None, higher_is_better: bool | None) -> str:
-    """Plain words for a ratio with an interval: better / worse only when the whole interval says so."""
+    """Plain words for a ratio with an interval: better / worse only when the whole interval says so,
+    with the resolution of the comparison; no verdict with fewer than ``power.MIN_REPEATS`` repeats."""
     if ratio is None or higher_is_better is None or ratio.method == "single":
         return ""  # one value per run: no interval, no verdict
+    if not power.has_power(ratio.n):
+        return power.no_verdict(ratio.n)
     if ratio.low > 1 or ratio.high < 1:
-        return ("better" if (ratio.low > 1) == higher_is_better else "worse") + ", confirmed"
-    return "no confirmed change"
+        words = ("better" if (ratio.low > 1) == higher_is_better else "worse") + ", confirmed"
+    else:
+        words = "no confirmed change"
+    return f"{words} ({power.resolution_note(ratio)})"
 
 
 def fmt_value(metric: Metric, run: RunResult) -> str:
@@ -218,7 +232,8 @@ def fmt_value(metric: Metric, run: RunResult) -> str:
     if value is None:
         return "-"
     if isinstance(value, dict):
-        return f"{value['median']:,.0f} [{value['min']:,.0f}-{value['max']:,.0f}]"
+        d = metric.digits
+        return f"{value['median']:,.{d}f} [{value['min']:,.{d}f}-{value['max']:,.{d}f}]"
     if isinstance(value, float):
         return f"{value:,.{metric.digits}f}"
     return str(value)
@@ -245,8 +260,12 @@ def machine_differences(base: RunResult, cand: RunResult) -> list[str]:
     return [k for k in MACHINE_KEYS if base.machine.get(k) != cand.machine.get(k)]
 
 
-def describe_method(pair: Pair, confidence: float = CONFIDENCE) -> str:
+def describe_method(pair: Pair, confidence: float = CONFIDENCE, n: int | None = None) -> str:
+    """How the ratios were formed; with ``n`` below ``power.MIN_REPEATS`` repeats the bracket is
+    the range of the ratios, not a confidence interval, and is called so."""
     level = f"{confidence * 100:g} % bootstrap CI"
+    if n is not None and not power.has_power(n):
+        level = f"{n} repeat{'s' * (n != 1)}: the range of the ratios, not a confidence interval"
     if pair.paired:
         return f"paired (repeats interleaved in one process): median of per-round ratios [{level}]"
     return f"independent (two processes): ratio of medians [{level}]"
@@ -257,16 +276,19 @@ def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str |
     """Metric rows: both values, ``cand / base`` with its interval, and what that means."""
     base_header = (base_header or pair.base.variant) + _status(pair.base)
     cand_header = (cand_header or pair.cand.variant) + _status(pair.cand)
-    caption = (f"ratio = {cand_header} / {base_header}; {describe_method(pair, confidence)}. Rates: higher is "
-               "better; latency, syncs, memory, warm-up: lower is better.")
+    ratios = {m.key: metric_ratio(pair, m, confidence=confidence) for m in METRICS}
+    sampled = [r.n for key, r in ratios.items() if key in SAMPLED_METRICS and r is not None]
+    method = describe_method(pair, confidence, min(sampled) if sampled else None)
+    caption = (f"ratio = {cand_header} / {base_header}; {method}. Rates: higher is better; CPU seconds, "
+               "latency, syncs, memory, warm-up: lower is better.")
     table = Table(title=title or pair.label, caption=caption, caption_justify="left")
     table.add_column("metric")
     table.add_column(base_header, justify="right")
     table.add_column(cand_header, justify="right")
     table.add_column("ratio", justify="right")
-    table.add_column("change")
+    table.add_column("change", no_wrap=True)
     for metric in METRICS:
-        ratio = metric_ratio(pair, metric, confidence=confidence)
+        ratio = ratios[metric.key]
         cells = (metric.key, fmt_value(metric, pair.base), fmt_value(metric, pair.cand),
                  "-" if ratio is None else ratio.fmt(), change(ratio, metric.higher_is_better))
         table.add_row(*(escape(c) for c in cells))
@@ -277,3 +299,83 @@ def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str |
 
 def _status(run: RunResult) -> str:
     return "" if run.status == "ok" else f" ({run.status})"
+
+
+# --------------------------------------------------------------------------- each run's machine state and quality
+
+NOT_RECORDED = "not recorded"
+
+
+def _load(state: dict[str, Any]) -> str:
+    before, after = state.get("load_avg_before"), state.get("load_avg_after")
+    if not before or not after:
+        return NOT_RECORDED
+    return f"{before[0]:.2f} -> {after[0]:.2f}"
+
+
+def _others_share(state: dict[str, Any]) -> str:
+    share = state.get("others_cpu_share") or {}
+    if share.get("median") is None or share.get("max") is None:
+        return NOT_RECORDED
+    return f"{100 * share['median']:.0f} % / {100 * share['max']:.0f} %"
+
+
+def _threads(state: dict[str, Any]) -> str:
+    threads = state.get("threads") or {}
+    if threads.get("intra_op") is None:
+        return NOT_RECORDED
+    capped = threads.get("capped_from")
+    return f"{threads['intra_op']} / {threads.get('inter_op', '?')}" + (f" (capped from {capped})" if capped else "")
+
+
+def _thread_env(state: dict[str, Any]) -> str:
+    env = state.get("thread_env")
+    if not isinstance(env, dict):
+        return NOT_RECORDED
+    return ", ".join(f"{name}={value}" for name, value in env.items() if value is not None) or "none set"
+
+
+STATE_FIELDS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("load avg (1 min) before -> after", _load),
+    ("others' CPU share median / max", _others_share),
+    ("threads intra / inter", _threads),
+    ("thread env vars", _thread_env),
+)
+"""What is shown of a run's ``machine_state``, as (label, formatter)."""
+
+
+def state_cells(run: RunResult) -> list[str]:
+    """A run's machine state as short texts, one per ``STATE_FIELDS`` ("not recorded" where missing)."""
+    state = run.machine_state if isinstance(run.machine_state, dict) else {}
+    return [fmt(state) for _, fmt in STATE_FIELDS]
+
+
+def untrustworthy_reasons(run: RunResult) -> list[str] | None:
+    """The reasons of a run judged not trustworthy; None for a trustworthy run or one without a verdict."""
+    quality = run.quality
+    if not isinstance(quality, dict) or quality.get("trustworthy") is not False:
+        return None
+    return list(quality.get("reasons") or []) or ["no reason recorded"]
+
+
+def quality_text(run: RunResult) -> str:
+    """``trustworthy``, ``NOT trustworthy: reason; reason`` or ``quality not recorded``."""
+    if not isinstance(run.quality, dict) or "trustworthy" not in run.quality:
+        return f"quality {NOT_RECORDED}"
+    reasons = untrustworthy_reasons(run)
+    return "trustworthy" if reasons is None else "NOT trustworthy: " + "; ".join(reasons)
+
+
+def state_line(label: str, run: RunResult) -> str:
+    """One line per run under a comparison: its machine state, then its quality verdict."""
+    cells = state_cells(run)
+    if all(cell == NOT_RECORDED for cell in cells):
+        return f"{label}: machine state {NOT_RECORDED}; {quality_text(run)}"
+    parts = [f"{name} {cell}" for (name, _), cell in zip(STATE_FIELDS, cells)]
+    return f"{label}: " + "; ".join(parts) + f"; {quality_text(run)}"
+
+
+def untrustworthy_warning(label: str, run: RunResult) -> str | None:
+    """``rlgauge: warning: LABEL is not trustworthy: reasons`` for an untrustworthy run, else None."""
+    reasons = untrustworthy_reasons(run)
+    return None if reasons is None else f"rlgauge: warning: {label} is not trustworthy: {'; '.join(reasons)}"

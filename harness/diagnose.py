@@ -187,7 +187,29 @@ def diagnosis(run: RunResult, ceiling: float | None, compile_works: bool | None)
         "env_ceiling_steps_per_sec": ceiling,
         "fraction_of_ceiling": facts.ceiling_fraction,
         "advice": advise(facts),
+        "machine": machine_load(run),
     }
+
+
+def machine_load(run: RunResult) -> dict[str, Any]:
+    """The machine's load while the profiled run was timed, and what it does to its figures."""
+    state, verdict = run.machine_state or {}, run.quality or {}
+    share = (state.get("others_cpu_share") or {}).get("median")
+    cpu = (run.metrics.get("cpu_seconds_per_1k_env_steps") or {}).get("median")
+    if share is None:
+        effect = "not recorded"
+    elif verdict.get("trustworthy", True):
+        effect = ("other processes took little CPU while it was timed: the rates above are this code's own "
+                  "on this machine")
+    else:
+        effect = ("the machine was busy while it was timed: the wall-time rates above are lower than on a quiet "
+                  "machine and the phase shares shift towards whatever waits most; "
+                  + (f"CPU seconds per 1k env steps ({cpu:.3f}) hold better, " if cpu is not None else "")
+                  + "re-run on a quieter machine before acting on them")
+    return {"load_avg_before": state.get("load_avg_before"), "load_avg_after": state.get("load_avg_after"),
+            "usable_cores": state.get("usable_cores"), "others_cpu_share": share,
+            "threads": state.get("threads"), "trustworthy": verdict.get("trustworthy"),
+            "reasons": verdict.get("reasons", []), "effect": effect}
 
 
 def diagnosis_lines(d: dict[str, Any]) -> list[str]:
@@ -202,6 +224,13 @@ def diagnosis_lines(d: dict[str, Any]) -> list[str]:
     if d["env_ceiling_steps_per_sec"]:
         lines.append(f"env-only ceiling (random actions, same backend and envs): {d['env_ceiling_steps_per_sec']:,.0f} "
                      f"env steps/s; this run reaches {100 * d['fraction_of_ceiling']:.1f}% of it")
+    machine = d.get("machine") or {}
+    if machine.get("others_cpu_share") is not None:
+        load = machine.get("load_avg_before")
+        lines.append(f"machine load: load average {load[0] if load else '-'} before the run; other processes took "
+                     f"{machine['others_cpu_share']:.0%} of the {machine['usable_cores']} usable cores while it was "
+                     f"timed: {machine['effect']}")
+        lines += [f"  ! {reason}" for reason in machine["reasons"]]
     lines.append("advice:" if d["advice"] else "advice: no rule fired (no phase dominates; nothing obvious to try)")
     lines += [f"  - [{a['rule']}] {a['advice']}" for a in d["advice"]]
     return lines

@@ -1,6 +1,12 @@
 """Gate verdicts: throughput regressions the interval confirms (two result files), speedups
 below a minimum (one process, paired rounds), stability failures and learning below its bar. Thresholds come from ``gates.yaml``;
 the CLI turns the verdicts into exit codes (0 pass, 1 fail).
+
+A gate decides only on figures that can carry a verdict: a throughput or speedup check with
+fewer than ``power.MIN_REPEATS`` repeats is neither pass nor fail (``underpowered``), and a
+run whose quality verdict says it is not trustworthy is refused (``check_quality``); the CLI
+turns both into exit code 2. A speedup that fails just short of its minimum is measured once
+more (``remeasure_reason``).
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ from rich.table import Table
 
 from reference_trainers.common.config_files import safe_load
 
-from .compare import RATE_METRICS, METRICS, Pair, Ratio, file_pairs, metric_ratio, variant_pairs
+from . import power
+from .compare import (RATE_METRICS, METRICS, Pair, Ratio, file_pairs, metric_ratio, untrustworthy_reasons,
+                      variant_pairs)
 from .errors import UserError
 from .results import RunResult
 
 GATES_FILE = Path(__file__).resolve().parent / "gates.yaml"
-_KEYS = ("max_slowdown_pct", "throughput_metrics", "min_speedup", "confidence", "compile_fallback", "learning")
+_KEYS = ("max_slowdown_pct", "throughput_metrics", "min_speedup", "remeasure_margin_pct", "confidence",
+         "compile_fallback", "learning")
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class Thresholds:
     max_slowdown_pct: float = 10.0
     throughput_metrics: tuple[str, ...] = ("env_steps_per_sec",)
     min_speedup: float = 1.0
+    remeasure_margin_pct: float = 10.0
+    """``gate --run``: a speedup that fails by less than this (in % of the minimum) is measured again."""
     confidence: float = 0.95
     allow_compile_fallback: bool = False
     learning: dict[str, LearningBar] = field(default_factory=dict)
@@ -70,6 +81,13 @@ def _check_speedup(value: Any, where: str) -> float:
     if x <= 0:
         raise UserError(f"{where}: {x:g} is not a speedup; accepted: a number > 0 (1.0 = as fast as the baseline)")
     return x
+
+
+def _check_margin(value: Any, where: str) -> float:
+    pct = _number(value, where)
+    if not 0 <= pct < 100:
+        raise UserError(f"{where}: {pct:g} is not a margin; accepted: 0 <= PCT < 100 (0: never measure again)")
+    return pct
 
 
 def _check_confidence(value: Any, where: str) -> float:
@@ -108,6 +126,8 @@ def load_thresholds(path: Path | None = None) -> Thresholds:
         max_slowdown_pct=_check_slowdown(data.get("max_slowdown_pct", defaults.max_slowdown_pct), f"{path}: max_slowdown_pct"),
         throughput_metrics=tuple(metrics),
         min_speedup=_check_speedup(data.get("min_speedup", defaults.min_speedup), f"{path}: min_speedup"),
+        remeasure_margin_pct=_check_margin(data.get("remeasure_margin_pct", defaults.remeasure_margin_pct),
+                                           f"{path}: remeasure_margin_pct"),
         confidence=_check_confidence(data.get("confidence", defaults.confidence), f"{path}: confidence"),
         allow_compile_fallback=fallback == "allow",
         learning=_learning_bars(data.get("learning") or {}, path),
@@ -133,7 +153,8 @@ def _learning_bars(data: Any, path: Path) -> dict[str, LearningBar]:
 
 @dataclass(frozen=True)
 class Check:
-    """One verdict row: ``passed`` is None when the check did not apply (shown as skip)."""
+    """One verdict row: ``passed`` is None when the check did not apply (shown as skip) or had too
+    few repeats for a verdict (``underpowered`` holds them; shown as no verdict)."""
 
     check: str
     run: str
@@ -141,9 +162,13 @@ class Check:
     threshold: str
     passed: bool | None
     note: str = ""
+    underpowered: int | None = None
+    """The repeats behind the ratio when fewer than ``power.MIN_REPEATS``."""
 
     @property
     def verdict(self) -> str:
+        if self.underpowered is not None:
+            return "no verdict"
         return {True: "pass", False: "FAIL", None: "skip"}[self.passed]
 
 
@@ -159,6 +184,14 @@ def _interval(ratio: Ratio) -> str:
     return f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]"
 
 
+def _with_resolution(note: str, ratio: Ratio) -> str:
+    return f"{note}; {power.resolution_note(ratio)}" if note else power.resolution_note(ratio)
+
+
+def _no_verdict(name: str, run: str, ratio: Ratio, threshold: str) -> Check:
+    return Check(name, run, _interval(ratio), threshold, None, power.no_verdict(ratio.n), underpowered=ratio.n)
+
+
 def throughput_checks(pair: Pair, th: Thresholds) -> list[Check]:
     """Candidate/baseline of each gated rate: fails when the whole interval is below 1 - pct/100."""
     bar = 1.0 - th.max_slowdown_pct / 100.0
@@ -172,10 +205,13 @@ def throughput_checks(pair: Pair, th: Thresholds) -> list[Check]:
                                 f"{'baseline' if missing is pair.base else 'candidate'} has no {key} "
                                 f"(status {missing.status})"))
             continue
+        if not power.has_power(ratio.n):
+            checks.append(_no_verdict(name, pair.label, ratio, threshold))
+            continue
         passed = ratio.high >= bar
         note = ("slower beyond the threshold, confirmed by the interval" if not passed else
                 "below the bar, but not confirmed by the interval" if ratio.value < bar else "")
-        checks.append(Check(name, pair.label, _interval(ratio), threshold, passed, note))
+        checks.append(Check(name, pair.label, _interval(ratio), threshold, passed, _with_resolution(note, ratio)))
     return checks
 
 
@@ -188,10 +224,12 @@ def speedup_checks(pair: Pair, th: Thresholds) -> list[Check]:
     name, threshold = f"speedup {pair.cand.variant}/{pair.base.variant}", f">= {th.min_speedup:g}x"
     if ratio is None:
         return [Check(name, pair.cand.preset, "-", threshold, False, f"a variant has no {key} measured")]
+    if not power.has_power(ratio.n):
+        return [_no_verdict(name, pair.cand.preset, ratio, threshold)]
     passed = ratio.value >= th.min_speedup
     note = ("" if ratio.low >= th.min_speedup or ratio.high < th.min_speedup else
             "the interval reaches below the minimum" if passed else "the interval reaches above the minimum")
-    return [Check(name, pair.cand.preset, _interval(ratio), threshold, passed, note)]
+    return [Check(name, pair.cand.preset, _interval(ratio), threshold, passed, _with_resolution(note, ratio))]
 
 
 def stability_checks(run: RunResult, th: Thresholds) -> list[Check]:
@@ -248,6 +286,62 @@ def gate_variants(runs: list[RunResult], th: Thresholds) -> tuple[list[Check], l
 
 def failed(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.passed is False]
+
+
+# --------------------------------------------------------------------------- figures a gate may decide on
+
+def no_power_message(repeats: int, where: str = "") -> str:
+    """The one line of a gate that has too few repeats for a verdict."""
+    return (f"gate: {power.no_verdict(repeats)}{f' in {where}' if where else ''}; measure with --repeats "
+            f"{power.MIN_REPEATS} or more")
+
+
+def underpowered(checks: list[Check]) -> str | None:
+    """The one-line refusal when a check has too few repeats for a verdict (None when every check has them)."""
+    short = [c for c in checks if c.underpowered is not None]
+    if not short:
+        return None
+    first = min(short, key=lambda c: c.underpowered or 0)
+    return no_power_message(first.underpowered or 0, first.run)
+
+
+def check_quality(runs: list[tuple[str, RunResult]], allow: bool) -> list[str]:
+    """Refuse (``UserError``, one line naming the run and its first reason) to gate a run judged not
+    trustworthy, unless ``allow``; returns the stderr lines to print: a warning per untrustworthy
+    run when allowed, and a note naming the runs without a quality verdict (older files)."""
+    lines = []
+    for label, run in runs:
+        reasons = untrustworthy_reasons(run)
+        if reasons is None:
+            continue
+        if not allow:
+            raise UserError(f"gate: {label} is not trustworthy: {reasons[0]} (--allow-untrustworthy to gate anyway)")
+        lines.append(f"rlgauge: warning: {label} is not trustworthy: {'; '.join(reasons)} (gated anyway)")
+    unrecorded = [label for label, run in runs if not isinstance(run.quality, dict)]
+    if unrecorded:
+        lines.append(f"rlgauge: note: quality not recorded for {', '.join(unrecorded)} (older result files); "
+                     "gated without it")
+    return lines
+
+
+def remeasure_reason(runs: list[RunResult], checks: list[Check], th: Thresholds) -> str | None:
+    """Why ``gate --run`` should measure once more, or None: every failed check is a speedup just short
+    of its minimum (within ``remeasure_margin_pct`` of it, or its interval reaching it)."""
+    bad = failed(checks)
+    if th.remeasure_margin_pct == 0 or not bad or any(not c.check.startswith("speedup ") for c in bad):
+        return None
+    near = th.min_speedup * (1.0 - th.remeasure_margin_pct / 100.0)
+    reasons = []
+    for pair in variant_pairs(runs, "the gated run"):
+        ratio = metric_ratio(pair, _metric("env_steps_per_sec"), confidence=th.confidence)
+        if ratio is not None and ratio.value >= th.min_speedup:
+            continue
+        if ratio is None or not power.has_power(ratio.n) or (ratio.value < near and ratio.high < th.min_speedup):
+            return None  # missing, without a verdict, or clearly short: a second measurement would not help
+        why = (f"within {th.remeasure_margin_pct:g} % of the minimum" if ratio.value >= near else
+               "its interval reaches the minimum")
+        reasons.append(f"{pair.cand.preset} speedup {_interval(ratio)} is below {th.min_speedup:g}x but {why}")
+    return "; ".join(reasons) or None
 
 
 def checks_table(checks: list[Check], title: str) -> Table:

@@ -3,7 +3,9 @@
 Each preset's variants are measured interleaved in one ``run_variants`` call (as ``rlgauge
 run`` does), presets one after another; a rich progress bar counts presets and variants.
 The speedup of each preset is the median paired per-repeat ratio with a 95 % percentile
-bootstrap interval (``compare.paired_ratio``).
+bootstrap interval (``compare.paired_ratio``); with fewer than ``power.MIN_REPEATS`` repeats
+the report calls the bracket the range of the ratios. Each run's machine state and quality
+verdict get a table of their own.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from reference_trainers.common.atomic_file import write_text_atomically
 
-from .compare import CONFIDENCE, Ratio, paired_ratio
+from . import power
+from .compare import CONFIDENCE, STATE_FIELDS, Ratio, paired_ratio, quality_text, state_cells
 from .errors import UserError
 from .presets import preset_names, specs_for
 from .results import RunResult
@@ -91,6 +94,29 @@ def _ratio_cell(ratio: Ratio | None) -> str:
     return "-" if ratio is None else f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}]"
 
 
+def interval_text(repeats: object) -> str:
+    """What the speedup's bracket is: a bootstrap interval, or with too few repeats the range of the ratios."""
+    if isinstance(repeats, int) and not power.has_power(repeats):
+        return (f"with {repeats} repeat{'s' * (repeats != 1)} the bracket is the range of the per-repeat ratios, "
+                f"not a confidence interval (that needs {power.MIN_REPEATS})")
+    return f"{CONFIDENCE:.0%} percentile bootstrap interval"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def quality_section(rows: list[PresetRow]) -> list[str]:
+    """Markdown lines: one table row per run with its machine state and quality verdict."""
+    head = ["preset", "variant", *(name for name, _ in STATE_FIELDS), "quality"]
+    lines = ["## Machine state and quality", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        for run in row.runs:
+            cells = [row.preset, run.variant, *state_cells(run), quality_text(run)]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines
+
+
 def report_markdown(rows: list[PresetRow], charts: bool = True) -> str:
     """The report: machine and settings, one table row per preset, the charts, stability notes."""
     first = next((r for row in rows for r in row.runs), None)
@@ -105,7 +131,7 @@ def report_markdown(rows: list[PresetRow], charts: bool = True) -> str:
         f"device `{first.config['device'] if first else '?'}`.",
         f"Each preset: baseline and optimized interleaved in one process, repeats: {settings.get('repeats', '?')} of "
         f"{settings.get('steps', '?')} env steps after {settings.get('warmup_steps', '?')} warm-up steps. "
-        f"Speedup: median of the paired per-repeat ratios, {CONFIDENCE:.0%} percentile bootstrap interval.", "",
+        f"Speedup: median of the paired per-repeat ratios, {interval_text(settings.get('repeats'))}.", "",
         "| preset | algo | baseline env steps/s | optimized env steps/s | speedup | return (base / opt) | status |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -125,6 +151,7 @@ def report_markdown(rows: list[PresetRow], charts: bool = True) -> str:
         lines += [f"- {preset} {r.variant}: {r.status} ({r.error or r.stability})" for preset, r in problems]
     else:
         lines.append("Every run passed: no float64 op, no non-finite value.")
+    lines += ["", *quality_section(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -146,11 +173,14 @@ def report_html(markdown_text: str) -> str:
 
 def write_report(out: Path, rows: list[PresetRow]) -> None:
     """``report.md``, ``report.html`` and the two charts in ``out``."""
-    from .plots import bar_chart, line_chart
+    from .plots import bar_chart, grouped_bar_chart
 
     names = [row.preset for row in rows]
-    bar_chart(out / SPEEDUP_CHART, "optimized / baseline env steps/sec", names, [row.speedup for row in rows],
-              "speedup (paired median, 95% interval)")
+    speedups = [row.speedup for row in rows]
+    fewest = min((r.n for r in speedups if r is not None), default=power.MIN_REPEATS)
+    bracket = f"{CONFIDENCE:.0%} interval" if power.has_power(fewest) else f"range of {fewest} ratios"
+    bar_chart(out / SPEEDUP_CHART, "optimized / baseline env steps/sec", names, speedups,
+              f"speedup (paired median, {bracket})")
     series = {}
     for variant in ("baseline", "optimized"):
         points = []
@@ -159,7 +189,7 @@ def write_report(out: Path, rows: list[PresetRow]) -> None:
             rate = run.metrics.get("env_steps_per_sec") if run and run.status == "ok" else None
             points.append(None if not rate else (rate["median"], rate["min"], rate["max"]))
         series[variant] = points
-    line_chart(out / THROUGHPUT_CHART, "env steps/sec per preset", "preset", names, series)
+    grouped_bar_chart(out / THROUGHPUT_CHART, "env steps/sec per preset", "preset", names, series)
     text = report_markdown(rows)
     write_text_atomically(out / "report.md", text)
     write_text_atomically(out / "report.html", report_html(text))

@@ -26,10 +26,27 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _fmt_cpu(block: dict[str, Any] | None) -> str:
+    if block is None:
+        return "-"
+    return f"{block['median']:.3f} [{block['min']:.3f}-{block['max']:.3f}]"
+
+
+def _fmt_machine(result: RunResult) -> str:
+    """Other processes' median CPU share during the timed segments, and the threads used."""
+    state = result.machine_state or {}
+    share, threads = (state.get("others_cpu_share") or {}).get("median"), state.get("threads") or {}
+    if share is None:
+        return "-"
+    capped = f" (capped from {threads['capped_from']})" if threads.get("capped_from") else ""
+    return f"{share:.0%} busy elsewhere; threads {threads.get('intra_op')}/{threads.get('inter_op')}{capped}"
+
+
 ROWS: list[tuple[str, Callable[[RunResult], Any], Callable[[Any], str], bool]] = [
     # label, value, formatter, whether a ratio means something (shown as second / first)
     ("env_steps_per_sec (median [min-max])", lambda r: r.metrics["env_steps_per_sec"], _fmt_rate, True),
     ("agent_steps_per_sec", lambda r: r.metrics["agent_steps_per_sec"], _fmt_rate, True),
+    ("cpu_seconds_per_1k_env_steps", lambda r: r.metrics.get("cpu_seconds_per_1k_env_steps"), _fmt_cpu, True),
     ("updates_per_sec", lambda r: r.metrics["updates_per_sec"], _fmt_rate, True),
     ("inference_latency_ms p50", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p50"), lambda v: _fmt(v, 3), True),
     ("inference_latency_ms p95", lambda r: (r.metrics["inference_latency_ms"] or {}).get("p95"), lambda v: _fmt(v, 3), True),
@@ -46,6 +63,12 @@ def _phase_share(result: RunResult, phase: str) -> float | None:
     phases = result.metrics.get("phase_seconds") or {}
     total = sum(phases.values())
     return 100.0 * phases.get(phase, 0.0) / total if total else None
+
+
+def _fmt_quality(result: RunResult) -> str:
+    if result.quality is None:
+        return "-"
+    return "yes" if result.quality["trustworthy"] else f"NO ({len(result.quality['reasons'])} reasons below)"
 
 
 def paired_ratio(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> tuple[float, float, float] | None:
@@ -85,6 +108,9 @@ def results_table(results: list[RunResult]) -> Table:
     for phase in PHASES:
         cells = [_fmt(_phase_share(r, phase), 1) for r in results]
         table.add_row(f"phase {phase} (% of timed)", *cells, *([""] if pair else []))
+    table.add_row("machine (others' CPU; intra/inter threads)", *[escape(_fmt_machine(r)) for r in results],
+                  *([""] if pair else []))
+    table.add_row("trustworthy", *[_fmt_quality(r) for r in results], *([""] if pair else []))
     table.add_row("float64_ops / nonfinite_events", *[f"{r.stability['float64_ops']} / {r.stability['nonfinite_events']}" for r in results],
                   *([""] if pair else []))
     return table

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
 
 from reference_trainers.common.atomic_file import write_text_atomically
 
@@ -36,6 +36,10 @@ class RunResult:
     resolution: dict[str, str] = field(default_factory=dict)
     steps_completed: int = 0
     error: str | None = None
+    machine_state: dict[str, Any] = field(default_factory=dict)
+    """Load, other processes' CPU share and threads around the run (``{}`` in older files)."""
+    quality: dict[str, Any] | None = None
+    """``{"trustworthy": bool, "reasons": [str]}`` (None in older files)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,7 +49,8 @@ class RunResult:
         """A run read from JSON: ``UserError`` (one line naming ``source`` and the key) for a wrong shape.
 
         Fields this version does not know are ignored (files from newer writers load); fields
-        added within schema version 1 (``resolution``, ``steps_completed``, ``error``) default.
+        added within schema version 1 (``resolution``, ``steps_completed``, ``error``,
+        ``machine_state``, ``quality``) default.
         """
         if not isinstance(data, dict):
             raise UserError(f"{source}: a run must be a JSON object")
@@ -80,6 +85,13 @@ class _RateBlock(_Open):
     max: Rate
     samples: list[Rate] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _median_within_its_range(self) -> "_RateBlock":
+        if not self.min <= self.median <= self.max:
+            raise ValueError(f"median {self.median:g} lies outside its own [min, max] = "
+                             f"[{self.min:g}, {self.max:g}]")
+        return self
+
 
 class _Latency(_Open):
     p50: Number
@@ -90,6 +102,7 @@ class _Metrics(_Open):
     env_steps_per_sec: Optional[_RateBlock]
     agent_steps_per_sec: Optional[_RateBlock]
     updates_per_sec: Optional[_RateBlock]
+    cpu_seconds_per_1k_env_steps: Optional[_RateBlock] = None
     inference_latency_ms: Optional[_Latency] = None
     phase_seconds: Optional[dict[str, Number]] = None
     peak_host_rss_mb: Optional[Number] = None
@@ -105,6 +118,11 @@ class _Stability(_Open):
     nonfinite_events: Annotated[int, Field(ge=0)]
     compile_fallback: bool
     passed: bool
+
+
+class _Quality(_Open):
+    trustworthy: bool
+    reasons: list[str]
 
 
 class _Git(_Open):
@@ -125,6 +143,8 @@ class _RunShape(_Open):
     resolution: dict[str, str] = {}
     steps_completed: Annotated[int, Field(ge=0)] = 0
     error: Optional[str] = None
+    machine_state: dict[str, Any] = {}
+    quality: Optional[_Quality] = None
 
 
 def _shape_problem(exc: ValidationError) -> str:
@@ -134,6 +154,7 @@ def _shape_problem(exc: ValidationError) -> str:
     got = repr(error.get("input"))
     got = got if len(got) <= 40 else got[:37] + "..."
     message = re.sub(r"valid dictionary( or instance of \w+)?", "JSON object", error["msg"])
+    message = message.removeprefix("Value error, ")  # a model validator's own sentence
     message = message[:1].lower() + message[1:]
     more = len(exc.errors()) - 1
     return f"{where}: {message} (got {got})" + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from reference_trainers import NonFiniteError, Trainer, build_trainer
 from reference_trainers.common import device as dev
@@ -21,8 +22,9 @@ from reference_trainers.common import distributed
 from reference_trainers.common.config import to_plain_dict
 from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
 
-from . import metrics
+from . import metrics, quality
 from .checkpoints import Checkpointing
+from .machine_state import OthersMeter, Snapshot, free_cores
 from .presets import VariantSpec
 from .progress import RunProgress
 from .provenance import git_info, machine_info
@@ -57,6 +59,8 @@ class _Live:
     env_rates: list[float] = field(default_factory=list)
     agent_rates: list[float] = field(default_factory=list)
     update_rates: list[float] = field(default_factory=list)
+    cpu_per_1k: list[float] = field(default_factory=list)
+    others_shares: list[float] = field(default_factory=list)
     segment: _Segment = field(default_factory=_Segment)
     timed_seconds: float = 0.0
     cpu_seconds: float = 0.0
@@ -67,11 +71,13 @@ class _Live:
     float64_ops: int = 0
     float64_site: str | None = None
     torch_threads: int | None = None
+    threads_capped_from: int | None = None
+    snapshot: Snapshot | None = None
     error: str | None = None
     status: str = "ok"
 
     _PROGRESS = ("started_at", "warmup_s", "warmup_done", "env_rates", "agent_rates", "update_rates",
-                 "timed_seconds", "cpu_seconds", "timed_steps", "peak_rss_mb")
+                 "cpu_per_1k", "others_shares", "timed_seconds", "cpu_seconds", "timed_steps", "peak_rss_mb")
 
     def progress(self) -> dict[str, Any]:
         """The runner's part of a checkpoint: what was measured so far."""
@@ -80,7 +86,7 @@ class _Live:
 
     def restore_progress(self, saved: dict[str, Any]) -> None:
         for name in self._PROGRESS:
-            setattr(self, name, saved[name])
+            setattr(self, name, saved.get(name, getattr(self, name)))  # checkpoints from before a field existed
         self.segment = _Segment(**saved["segment"])
         self.probe.seconds.update(saved["phase_seconds"])
 
@@ -156,6 +162,7 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                 for l in lives)
     interrupted = False
     saved = dev.process_settings()
+    _fair_threads(lives)
     with RunProgress(total, enabled=show_progress) as progress:
         try:
             for live in lives:
@@ -182,7 +189,34 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                 if live.trainer is not None:
                     live.trainer.close()
             dev.restore_process_settings(saved)
+            dev.cap_default_threads(None)
     return [_result(live) for live in lives], interrupted
+
+
+def _fair_threads(lives: list[_Live]) -> None:
+    """Take the machine's snapshot; under ``run.fair_threads`` cap torch's default thread count at
+    the cores other processes leave free, so variants with ``torch_threads`` unset cannot spin
+    against a neighbour (a quiet machine leaves the default as it is)."""
+    snapshot = Snapshot.take()
+    defaulted = [l for l in lives if l.resolution.config.optimizations.torch_threads is None]
+    cap = free_cores(snapshot.busy_cores_before)
+    capped = bool(defaulted) and all(l.resolution.config.run.fair_threads for l in defaulted) \
+        and cap < dev.DEFAULT_THREADS
+    dev.cap_default_threads(cap if capped else None)
+    for live in lives:
+        live.snapshot = snapshot
+        if capped and live in defaulted:
+            live.threads_capped_from = dev.DEFAULT_THREADS
+            log.warning("%s %s: torch's default %d threads capped to %d: other processes keep %.1f of %d "
+                        "cores busy (run.fair_threads)", live.spec.preset, live.spec.variant, dev.DEFAULT_THREADS,
+                        cap, snapshot.busy_cores_before, snapshot.usable_cores)
+
+
+def _busy_wait(seconds: float) -> None:
+    """Burn CPU for ``seconds`` (the planted slowdown: a regression costs CPU, not idle time)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
@@ -192,7 +226,7 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
     clock = _Clock()
     try:
         live.trainer = (live.spec.build or build_trainer)(live.resolution, probe=live.probe)
-        live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.DEFAULT_THREADS
+        live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.default_threads()
         if resumed is not None:
             live.trainer.load_state_dict(resumed["trainer"])
             live.restore_progress(resumed["progress"])
@@ -225,8 +259,12 @@ def _failed(live: _Live, exc: Exception) -> None:
 def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
     """One timed repeat (or the rest of one a checkpoint interrupted): ``run.steps`` env steps."""
     trainer, steps, seg = live.trainer, live.resolution.config.run.steps, live.segment
+    planted = live.resolution.config.run.planted_slowdown_pct
+    extra = 1.0 / (1.0 - planted / 100.0) - 1.0  # iteration time x (1 + extra): rate x (1 - pct/100)
     progress.describe(live.spec.variant)
     live.probe.enabled = True
+    others = OthersMeter()
+    others.start()
     clock = _Clock()
 
     def account() -> None:
@@ -236,7 +274,10 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
 
     try:
         while distributed.agreed_min(seg.frames) < steps:
+            started = time.perf_counter()
             done = trainer.iterate()
+            if extra:
+                _busy_wait(extra * (time.perf_counter() - started))
             seg.frames += done.env_steps
             seg.decisions += done.agent_steps
             seg.updates += done.updates
@@ -262,6 +303,8 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
     live.env_rates.append(seg.frames / seg.seconds)
     live.agent_rates.append(seg.decisions / seg.seconds)
     live.update_rates.append(seg.updates / seg.seconds)
+    live.cpu_per_1k.append(1000.0 * seg.cpu_seconds / seg.frames)
+    live.others_shares.append(others.share())
     live.segment = _Segment()
 
 
@@ -311,6 +354,7 @@ def _result(live: _Live) -> RunResult:
         "env_steps_per_sec": metrics.spread(rates) if measured else None,
         "agent_steps_per_sec": metrics.spread(live.agent_rates) if measured else None,
         "updates_per_sec": metrics.spread(live.update_rates) if measured else None,
+        "cpu_seconds_per_1k_env_steps": metrics.spread(live.cpu_per_1k) if live.cpu_per_1k else None,
         "inference_latency_ms": live.latency,
         "phase_seconds": live.probe.totals(),
         "peak_host_rss_mb": live.peak_rss_mb or metrics.host_rss_mb(),
@@ -331,6 +375,9 @@ def _result(live: _Live) -> RunResult:
                  "passed": passed}
     if live.float64_site:
         stability["float64_first_site"] = live.float64_site
+    state = (live.snapshot or Snapshot.take()).record(live.others_shares, {
+        "intra_op": live.torch_threads, "inter_op": torch.get_num_interop_threads(),
+        "capped_from": live.threads_capped_from})
     return RunResult(
         preset=live.spec.preset, variant=live.spec.variant, algo=cfg.algo, status=status,
         started_at=live.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -339,4 +386,5 @@ def _result(live: _Live) -> RunResult:
         config=to_plain_dict(cfg),
         metrics=metrics_block, stability=stability, resolution=dict(live.resolution.reasons),
         steps_completed=live.timed_steps, error=live.error,
+        machine_state=state, quality=quality.assess(state, live.env_rates) if measured else None,
     )

@@ -5,6 +5,10 @@
 The first ``--param`` is the x axis of the plot; a second one makes a grid, with one line
 per value of the second. Every point is built once and measured interleaved with the
 others, repeat by repeat, so the points' ratios to the first point are paired.
+
+A grid's pivot names the fastest value of each row only with ``power.MIN_REPEATS`` repeats,
+and says how it compares with the next fastest (paired ratio, verdict, resolution); with
+fewer repeats it says "no verdict".
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from reference_trainers.common.config_files import parse_override
 from reference_trainers.common.errors import ConfigError
 
+from . import power
 from .compare import Ratio, paired_ratio
 from .errors import UserError
 from .presets import specs_for
@@ -117,6 +122,22 @@ def _rate_cell(rate: dict[str, Any] | None) -> str:
     return "-" if not rate else f"{rate['median']:,.0f} [{rate['min']:,.0f}-{rate['max']:,.0f}]"
 
 
+def fastest_vs_next(row: list[Point]) -> tuple[Point | None, str]:
+    """The fastest point of a pivot row and how it compares with the next fastest (by median):
+    ``1.08x [1.03-1.12] faster (resolves +/-4.1 %)``. The point is named only when its paired
+    interval to the next confirms it, with the repeats for a verdict."""
+    measured = sorted((pt for pt in row if pt.rate), key=lambda pt: pt.rate["median"], reverse=True)
+    if len(measured) < 2:
+        return None, ""  # nothing to be fastest against
+    best, runner_up = measured[:2]
+    ratio = paired_ratio(runner_up.rate["samples"], best.rate["samples"])
+    if not power.has_power(ratio.n):
+        return None, power.no_verdict(ratio.n)
+    confirmed = ratio.low > 1.0
+    words = "faster" if confirmed else "within noise"
+    return (best if confirmed else None), f"{ratio.fmt()} {words} ({power.resolution_note(ratio)})"
+
+
 def markdown_table(title: str, params: list[Param], pts: list[Point]) -> str:
     """One row per point (throughput, ratio to the first point); a grid also gets a pivot of medians."""
     head = [p.key for p in params] + ["env_steps_per_sec median [min-max]", "vs first point (paired)", "status"]
@@ -127,18 +148,20 @@ def markdown_table(title: str, params: list[Param], pts: list[Point]) -> str:
     if len(params) == 2:
         x, line = params
         lines += ["", f"env_steps_per_sec (median), {x.key} down, {line.key} across:", "",
-                  "| " + " | ".join([x.key, *line.values]) + " |", "|" + "---|" * (len(line.values) + 1)]
+                  "| " + " | ".join([x.key, *line.values, "fastest vs next (paired)"]) + " |",
+                  "|" + "---|" * (len(line.values) + 2)]
         by_values = {pt.values: pt for pt in pts}
         for xv in x.values:
+            row = [by_values[(xv, lv)] for lv in line.values]
+            best, versus = fastest_vs_next(row)
             cells = []
-            rates = {lv: by_values[(xv, lv)].rate for lv in line.values}
-            best = max((r["median"] for r in rates.values() if r), default=None)
-            for lv in line.values:
-                rate = rates[lv]
-                cell = "-" if not rate else f"{rate['median']:,.0f}"
-                cells.append(f"**{cell}**" if rate and rate["median"] == best else cell)
-            lines.append("| " + " | ".join([xv, *cells]) + " |")
-        lines += ["", f"Bold: the fastest {line.key} for each {x.key}."]
+            for pt in row:
+                cell = "-" if not pt.rate else f"{pt.rate['median']:,.0f}"
+                cells.append(f"**{cell}**" if pt is best else cell)
+            lines.append("| " + " | ".join([xv, *cells, versus]) + " |")
+        lines += ["", f"Bold: the fastest {line.key} for each {x.key}, where its paired interval to the next "
+                  f"fastest lies above 1 ({power.MIN_REPEATS} or more repeats); 'resolves +/-X %' = the smallest "
+                  "difference the row could tell from noise."]
     return "\n".join(lines) + "\n"
 
 
@@ -164,6 +187,6 @@ def sweep_json(preset: str, variant: str, params: list[Param], pts: list[Point])
         "points": [{"values": dict(zip((p.key for p in params), pt.values)), "status": pt.run.status,
                     "env_steps_per_sec": pt.rate,
                     "vs_first": None if pt.vs_first is None else {"median": pt.vs_first.value, "low": pt.vs_first.low,
-                                                                  "high": pt.vs_first.high}}
+                                                                  "high": pt.vs_first.high, "n": pt.vs_first.n}}
                    for pt in pts],
     }

@@ -35,6 +35,18 @@ def _restore_process_settings() -> Iterator[None]:
     numpy_blas_threads.apply(False)
 
 
+@pytest.fixture(autouse=True)
+def _quiet_machine_for_fair_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run.fair_threads`` samples the cores other processes keep busy; under pytest -n the other
+    workers are those processes, and a cap that comes and goes would change thread counts (and
+    float reduction order) between two runs a test compares. Tests marked ``machine_load`` see
+    the real machine."""
+    if request.node.get_closest_marker("machine_load") is None:
+        from harness import machine_state
+
+        monkeypatch.setattr(machine_state, "busy_cores_now", lambda seconds=0.0: 0.0)
+
+
 @pytest.fixture
 def tiny() -> list[str]:
     return list(TINY)

@@ -3,10 +3,12 @@
     python tests/gate_trials.py --mode run --tries 10      # gate --run (one process, paired)
     python tests/gate_trials.py --mode files --tries 10    # gate --baseline/--candidate (two processes)
 
-Every try runs the real CLI in a fresh subprocess; the slowdown is planted by
-``tests/planted_slowdown.py`` (a sleep after each training iteration of the optimised variant,
-factor 1.25 = env steps/sec x 0.8), never in product code. Unchanged and planted tries
-alternate, so machine drift hits both alike. Prints one line per try and the two rates.
+Every try runs the real CLI in a fresh subprocess; the slowdown is the product's calibration knob
+``run.planted_slowdown_pct`` (each timed iteration busy-waits: 20 = env steps/sec x 0.8): with
+``--set`` for a run of one variant (files mode), through ``tests/planted_slowdown.py`` for the
+optimised variant alone (run mode). Unchanged and planted tries alternate, so machine drift hits
+both alike. Prints one line per try and the two rates. ``rlgauge calibrate`` measures the files
+mode's rule (false alarms, detection) at many repeats and thresholds in one interleaved run.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLANT = [sys.executable, str(REPO_ROOT / "tests" / "planted_slowdown.py")]
-SLOWDOWN = 1.25  # iterations take 1.25x as long: env steps/sec drop by 20 %
+RLGAUGE = [sys.executable, "-m", "harness"]
+SLOWDOWN_PCT = 20  # env steps/sec drop by 20 %
 
 
-def rlgauge(*argv: str, factor: float = 1.0) -> subprocess.CompletedProcess[str]:
+def rlgauge(*argv: str, pct: float = 0.0, only_optimized: bool = False) -> subprocess.CompletedProcess[str]:
+    """The CLI with ``run.planted_slowdown_pct = pct``: in every variant, or in the optimized one only."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [*PLANT, "--factor", str(factor), "--variant", "optimized", "--", *argv]
+    if only_optimized:
+        cmd = [*PLANT, "--pct", str(pct), "--variant", "optimized", "--", *argv]
+    else:
+        cmd = [*RLGAUGE, *argv, *(["--set", f"run.planted_slowdown_pct={pct}"] if pct else [])]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=600)
 
 
@@ -54,7 +61,7 @@ def trials_run(tries: int, measure: list[str], work: Path) -> tuple[int, int]:
             out = work / f"try{i}-{'planted' if planted else 'unchanged'}.json"
             start = time.perf_counter()
             proc = rlgauge("gate", "--run", "ppo-cartpole", *measure, "--min-speedup", str(minimum), "--out",
-                           str(out), factor=SLOWDOWN if planted else 1.0)
+                           str(out), pct=SLOWDOWN_PCT if planted else 0.0, only_optimized=True)
             line = next((ln for ln in proc.stdout.splitlines() if "speedup optimized" in ln), "").split("│")
             measured = line[3].strip() if len(line) > 3 else "?"
             ok = proc.returncode == (1 if planted else 0)
@@ -71,10 +78,10 @@ def trials_files(tries: int, measure: list[str], work: Path, max_slowdown: str) 
     passed = flagged = 0
     for i in range(tries):
         paths = {}
-        for name, factor in (("reference", 1.0), ("unchanged", 1.0), ("planted", SLOWDOWN)):
+        for name, pct in (("reference", 0.0), ("unchanged", 0.0), ("planted", SLOWDOWN_PCT)):
             paths[name] = work / f"try{i}-{name}.json"
             proc = rlgauge("run", "ppo-cartpole", "--variant", "optimized", *measure, "--quiet", "--out",
-                           str(paths[name]), factor=factor)
+                           str(paths[name]), pct=pct)
             assert proc.returncode == 0, proc.stdout + proc.stderr
         for name in ("unchanged", "planted"):
             proc = rlgauge("gate", "--baseline", str(paths["reference"]), "--candidate", str(paths[name]),

@@ -1,57 +1,56 @@
-"""Run the ``rlgauge`` CLI with a slowdown planted in chosen variants (test-only: product code untouched).
+"""Run the ``rlgauge`` CLI with the product's slowdown knob set for chosen variants only.
 
-    python tests/planted_slowdown.py --factor 1.25 --variant optimized -- gate --run ppo-cartpole ...
+    python tests/planted_slowdown.py --pct 20 --variant optimized -- gate --run ppo-cartpole ...
+    python tests/planted_slowdown.py --factor 1.25 --variant optimized -- ...   # the same: rate x 1/1.25
 
-After its warm-up, each trainer of a chosen variant sleeps after every ``iterate()`` for
-``factor - 1`` times that iteration's own duration, so its env steps/sec drop to ``1 / factor``
-of what they would be (1.25: a 20 % slowdown), whatever the machine's speed.
+``--set run.planted_slowdown_pct=PCT`` slows every variant of a command; this wrapper sets the same
+key (each timed iteration busy-waits so that env steps/s fall by PCT %) in the named variants' configs
+only, e.g. in the optimized variant of ``gate --run``. One variant per command needs no wrapper:
+``rlgauge run PRESET --variant optimized --set run.planted_slowdown_pct=20``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
-from harness import runner
 from harness.cli import main
+from harness.presets import Preset
+from reference_trainers.common.config_files import deep_merge
 
 
-def slow_down(trainer: Any, factor: float) -> None:
-    """Make ``trainer.iterate`` take ``factor`` times as long (a sleep proportional to its own duration)."""
-    real = trainer.iterate
-
-    def iterate() -> Any:
-        start = time.perf_counter()
-        done = real()
-        time.sleep((factor - 1.0) * (time.perf_counter() - start))
-        return done
-
-    trainer.iterate = iterate
+def pct_of_factor(factor: float) -> float:
+    """Iterations ``factor`` times as long -> env steps/s down by this percent (1.25 -> 20)."""
+    return 100.0 * (1.0 - 1.0 / factor)
 
 
-def plant(factor: float, variants: set[str]) -> None:
-    real_warm_up = runner._warm_up
+def plant(pct: float, variants: set[str]) -> None:
+    """Give the named variants of every preset ``run.planted_slowdown_pct = pct``."""
+    real = Preset.variant_data
 
-    def warm_up(live: Any, progress: Any, *rest: Any) -> None:
-        real_warm_up(live, progress, *rest)
-        if live.trainer is not None and live.spec.variant in variants:
-            slow_down(live.trainer, factor)
+    def variant_data(self: Preset, variant: str) -> dict[str, Any]:
+        data = real(self, variant)
+        return deep_merge(data, {"run": {"planted_slowdown_pct": pct}}) if variant in variants else data
 
-    runner._warm_up = warm_up
+    Preset.variant_data = variant_data  # type: ignore[method-assign]
 
 
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--factor", type=float, required=True, help="1.25 = a 20 %% slowdown")
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--pct", type=float, help="env steps/s fall by this percent (0 <= PCT < 100)")
+    size.add_argument("--factor", type=float, help="iterations take this many times as long (1.25 = a 20 %% slowdown)")
     parser.add_argument("--variant", action="append", required=True, help="variant to slow down (repeatable)")
     parser.add_argument("rlgauge_args", nargs=argparse.REMAINDER, help="-- then the rlgauge arguments")
     args = parser.parse_args(argv)
-    if args.factor < 1.0:
+    if args.factor is not None and args.factor < 1.0:
         parser.error("--factor must be >= 1")
+    pct = args.pct if args.pct is not None else pct_of_factor(args.factor)
+    if not 0 <= pct < 100:
+        parser.error("--pct must be >= 0 and < 100")
     rest = args.rlgauge_args[1:] if args.rlgauge_args[:1] == ["--"] else args.rlgauge_args
-    plant(args.factor, set(args.variant))
+    plant(pct, set(args.variant))
     return main(rest)
 
 

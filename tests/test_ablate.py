@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY
-from harness.ablate import arm_specs, flag_effects, markdown_table, parse_expectations, plan_ablation, verdict
+from harness.ablate import (ablation_json, arm_specs, flag_effects, markdown_table, parse_expectations, plan_ablation,
+                            verdict, verdict_text)
 from harness.cli import main
 from harness.compare import Ratio
 from harness.presets import specs_for
@@ -87,8 +88,25 @@ def test_effects_are_paired_ratios_ranked_by_contribution_in_the_stack() -> None
     assert first.significant and verdict(first.alone) == "helps"
     assert not second.significant and verdict(second.in_stack) == "within noise"
     table = markdown_table(plan, runs, effects)
-    assert "| 1 | `batch_inference` |" in table and "within noise" in table
+    assert "| 1 | `batch_inference` |" in table and "within noise (resolves +/-" in table
+    assert "alone: helps (resolves +/-0.0 %); in stack: helps (resolves +/-0.0 %)" in table
     assert "2.00x" in table and "below expected" in table  # --expect column: expected 2x, measured 1.5x
+    assert "95% percentile bootstrap" in table
+
+
+def test_two_repeats_give_no_verdict_and_the_bracket_is_called_a_range() -> None:
+    plan = plan_ablation("ppo-cartpole", CPU, ["batch_inference", "torch_threads"])
+    runs = _runs({"baseline": [100, 100], "+batch_inference": [300, 310], "+torch_threads": [100, 101],
+                  "all-on": [300, 300], "-batch_inference": [100, 100], "-torch_threads": [300, 301]})
+    effects = flag_effects(plan, runs, {"batch_inference": 2.0})
+    assert not any(e.significant for e in effects)
+    table = markdown_table(plan, runs, effects)
+    assert "alone: no verdict: 2 repeats (needs 3); in stack: no verdict: 2 repeats (needs 3)" in table
+    assert "helps" not in table and "resolves" not in table.split("Whole stack")[0] and "bootstrap" not in table
+    assert "2 repeats: the range (min-max) of the paired per-repeat ratios, not a confidence interval" in table
+    data = ablation_json(plan, runs, effects)
+    assert data["flags"][0]["verdict_alone"] == "no verdict: 2 repeats (needs 3)"
+    assert data["flags"][0]["alone"]["resolution_pct"] is None and "range" in data["interval"]
 
 
 def test_verdict_says_hurts_when_the_interval_is_below_one() -> None:
@@ -96,7 +114,10 @@ def test_verdict_says_hurts_when_the_interval_is_below_one() -> None:
     assert verdict(Ratio(1.2, 1.1, 1.3, "paired", 5)) == "helps"
     assert verdict(Ratio(1.0, 0.9, 1.3, "paired", 5)) == "within noise"
     assert verdict(None) == "n/a"
-    assert verdict(Ratio(1.5, 1.5, 1.5, "paired", 1)) == "no interval (one repeat)"
+    assert verdict(Ratio(1.5, 1.5, 1.5, "paired", 1)) == "no verdict: 1 repeat (needs 3)"
+    assert verdict(Ratio(1.5, 1.4, 1.6, "paired", 2)) == "no verdict: 2 repeats (needs 3)"
+    assert verdict_text(Ratio(1.2, 1.1, 1.3, "paired", 3)) == "helps (resolves +/-8.3 %)"
+    assert verdict_text(Ratio(1.2, 1.1, 1.3, "paired", 2)) == "no verdict: 2 repeats (needs 3)"
 
 
 def test_rotation_puts_every_arm_in_every_slot() -> None:
@@ -156,6 +177,7 @@ def test_ablate_tiny_run_writes_table_json_chart_and_runs(capsys: pytest.Capture
     assert set(data["arms"]) == {"baseline", "+batch_inference", "+sync_free_logging", "all-on", "-batch_inference",
                                  "-sync_free_logging"}
     assert all(len(arm["env_steps_per_sec"]["samples"]) == 2 for arm in data["arms"].values())
-    assert data["flags"][0]["alone"]["n"] == 2 and "bootstrap" in data["interval"]
+    assert data["flags"][0]["alone"]["n"] == 2 and "not a confidence interval" in data["interval"]
+    assert data["flags"][0]["verdict_alone"] == "no verdict: 2 repeats (needs 3)"
     assert (out / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(json.loads((out / "runs.json").read_text(encoding="utf-8"))["runs"]) == 6

@@ -5,6 +5,7 @@ project while leaving two identical commits alone (slow: builds a virtualenv per
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -212,3 +213,89 @@ def test_threads_are_pinned_under_asv_only(asv: str | None, expected: str) -> No
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == expected
+
+
+# --------------------------------------------------------------------------- save, then publish a filled site
+
+def _recipe(target: str) -> str:
+    """The recipe lines of one Makefile target, joined."""
+    lines = (REPO_ROOT / "Makefile").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    recipe = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.strip())
+    return "\n".join(recipe)
+
+
+def _asv_conf() -> dict:
+    from asv.util import load_json
+
+    return load_json(str(REPO_ROOT / "asv.conf.json"), js_comments=True)
+
+
+def test_asv_quick_saves_its_results_under_the_head_commit() -> None:
+    """With --python=same asv saves nothing unless given a commit hash: publish would draw an empty site."""
+    recipe = _recipe("asv-quick")
+    run = next(line for line in recipe.splitlines() if " run " in line)
+    assert "--python=same" in run and "--set-commit-hash $(ASV_COMMIT)" in run and "--dry-run" not in run
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "ASV_COMMIT ?= $(shell git rev-parse HEAD" in makefile
+    assert f"ASV_RESULTS ?= {_asv_conf()['results_dir']}\n" in makefile
+
+
+def test_asv_publish_refuses_when_nothing_was_saved(tmp_path: Path) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    empty = tmp_path / "results"
+    (empty / "machine").mkdir(parents=True)
+    (empty / "machine" / "machine.json").write_text("{}", encoding="utf-8")  # asv writes this even when not saving
+    venv = Path(sys.prefix)  # -o: this environment's install stamp counts as up to date: make installs nothing
+    proc = subprocess.run(["make", "-o", f"{venv}/.rlgauge-installed", "asv-publish", f"VENV={venv}",
+                           f"ASV_RESULTS={empty}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 2 and "run make asv-quick first" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_tracking_docs_run_asv_quick_before_asv_publish() -> None:
+    text = (REPO_ROOT / "docs" / "tracking.md").read_text(encoding="utf-8")
+    assert "--set-commit-hash" in text
+    assert text.index("make asv-quick") < text.index("make asv-publish")
+
+
+@pytest.mark.slow
+def test_asv_quick_flow_then_publish_fills_the_site(tmp_path: Path) -> None:
+    """The Makefile's asv-quick command on one cheap benchmark, into a temporary results dir, then
+    asv publish: the site lists HEAD and has the benchmark's graph."""
+    if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs the project's git checkout")
+    head = _git("rev-parse", "HEAD", cwd=REPO_ROOT).strip()
+    home = tmp_path / "home"
+    home.mkdir()
+    conf = {**_asv_conf(), "repo": str(REPO_ROOT), "benchmark_dir": str(REPO_ROOT / "benchmarks"),
+            "results_dir": str(tmp_path / "results"), "html_dir": str(tmp_path / "html"),
+            "env_dir": str(tmp_path / "env"),
+            "branches": ["HEAD"]}  # publish draws only commits on a listed branch; HEAD is on its own
+    conf_path = tmp_path / "asv.conf.json"
+    conf_path.write_text(json.dumps(conf), encoding="utf-8")
+    env = {**os.environ, "HOME": str(home)}  # the asv machine file goes to this HOME, not the user's
+    config = ["--config", str(conf_path)]
+
+    machine = _asv("machine", "--yes", *config, cwd=REPO_ROOT, env=env, timeout=120)
+    assert machine.returncode == 0, machine.stdout + machine.stderr
+    run = _asv("run", "--quick", "--python=same", "--set-commit-hash", head, "-b", "time_insert_vector_step",
+               *config, cwd=REPO_ROOT, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    saved = [p for p in (tmp_path / "results").glob("*/*.json") if p.name != "machine.json"]
+    assert len(saved) == 1 and saved[0].name.startswith(head[:8]), sorted(p.name for p in saved)
+
+    publish = _asv("publish", *config, cwd=REPO_ROOT, env=env, timeout=120)
+    assert publish.returncode == 0, publish.stdout + publish.stderr
+    index = json.loads((tmp_path / "html" / "index.json").read_text(encoding="utf-8"))
+    assert head in index["revision_to_hash"].values()
+    graphs = [path for path in (tmp_path / "html" / "graphs").rglob("bench_replay.Replay.time_insert_vector_step.json")
+              if "summary" not in path.parts]  # the per-environment graph, not the overview
+    assert graphs, "asv publish drew no graph for the benchmark"
+    points = json.loads(graphs[0].read_text(encoding="utf-8"))  # [[revision, [value per param set]], ...]
+    assert any(value is not None for _revision, values in points for value in values)

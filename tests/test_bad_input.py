@@ -164,6 +164,8 @@ CASES: dict[str, Case] = {
     "run: unknown preset": (lambda w: w.run("ppo-cartpol"), "did you mean 'ppo-cartpole'"),
     "config: unknown preset": (lambda w: ["config", "dqn-pongg"], "unknown preset"),
     "ablate: unknown preset": (lambda w: ["ablate", "ppo-cartpol"], "did you mean 'ppo-cartpole'"),
+    "calibrate: unknown preset": (lambda w: ["calibrate", "ppo-cartpol"], "did you mean 'ppo-cartpole'"),
+    "calibrate: two repeats": (lambda w: ["calibrate", PRESET, "--repeats-grid", "2,3"], "power rule"),
     "sweep: unknown preset": (lambda w: ["sweep", "nope", "--param", "env.num_envs=1,2"], "unknown preset"),
     "sweep: unknown key": (lambda w: ["sweep", PRESET, "--param", "env.num_env=1,2"], "env.num_env"),
     "diagnose: unknown preset": (lambda w: ["diagnose", "nope"], "unknown preset"),

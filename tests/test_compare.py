@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.compare import (METRICS, Pair, change, comparison_table, file_pairs, independent_ratio, metric_ratio,
-                             paired_ratio, variant_pairs)
+from harness.cli import main
+from harness.compare import (METRICS, Pair, change, comparison_table, describe_method, file_pairs, independent_ratio,
+                             metric_ratio, paired_ratio, state_line, untrustworthy_warning, variant_pairs)
 from harness.errors import UserError
-from results_factory import make_result
+from harness.matrix import PresetRow, report_markdown
+from results_factory import machine_state, make_result, write_results
 
 rates = st.lists(st.floats(min_value=1.0, max_value=1e6, allow_nan=False), min_size=1, max_size=9)
 
@@ -78,12 +80,27 @@ def test_interval_contains_the_estimate_and_scales_with_the_candidate(base: list
     assert doubled.low == pytest.approx(2 * single.low) and doubled.high == pytest.approx(2 * single.high)
 
 
-def test_change_needs_the_whole_interval_on_one_side_of_one() -> None:
+def test_change_needs_the_whole_interval_on_one_side_of_one_and_states_its_resolution() -> None:
     up, down, unsure = paired_ratio([1.0] * 3, [1.2, 1.3, 1.25]), paired_ratio([1.0] * 3, [0.8, 0.7, 0.75]), \
         paired_ratio([1.0] * 3, [0.9, 1.1, 1.0])
-    assert change(up, True) == "better, confirmed" and change(up, False) == "worse, confirmed"
-    assert change(down, True) == "worse, confirmed"
-    assert change(unsure, True) == "no confirmed change"
+    assert change(up, True) == "better, confirmed (resolves +/-4.0 %)"  # 1.25x [1.20-1.30]
+    assert change(up, False) == "worse, confirmed (resolves +/-4.0 %)"
+    assert change(down, True).startswith("worse, confirmed (resolves +/-")
+    assert change(unsure, True) == "no confirmed change (resolves +/-10.0 %)"
+
+
+def test_two_repeats_give_no_verdict_however_far_apart() -> None:
+    two = paired_ratio([1.0, 1.0], [2.0, 2.1])
+    assert (two.n, two.low) == (2, 2.0)  # the whole "interval" lies above 1, but it is the range of two ratios
+    assert change(two, True) == "no verdict: 2 repeats (needs 3)"
+    assert change(independent_ratio([1.0, 1.1], [2.0, 2.1, 2.2]), True) == "no verdict: 2 repeats (needs 3)"
+
+
+def test_with_two_repeats_the_bracket_is_not_called_a_confidence_interval() -> None:
+    pair = Pair(make_result("baseline", [1000.0, 1010.0]), make_result("optimized", [2000.0, 2020.0]), True)
+    assert "bootstrap CI" in describe_method(pair, n=3)
+    described = describe_method(pair, n=2)
+    assert "2 repeats: the range of the ratios, not a confidence interval" in described and "CI" not in described
 
 
 # --------------------------------------------------------------------------- which runs are compared
@@ -134,6 +151,23 @@ def test_rates_get_intervals_single_values_get_plain_ratios_and_returns_none() -
     assert metric_ratio(pair, _metric("mean_return_last_k")) is None
 
 
+def test_cpu_seconds_per_1k_env_steps_get_a_paired_interval_and_lower_is_better() -> None:
+    pair = Pair(make_result("baseline", cpu_samples=[2.0, 2.1, 1.9]),
+                make_result("optimized", cpu_samples=[1.0, 1.05, 0.95]), paired=True)
+    metric = _metric("cpu_seconds_per_1k_env_steps")
+    ratio = metric_ratio(pair, metric)
+    assert metric.higher_is_better is False
+    assert ratio.method == "paired" and ratio.n == 3 and ratio.value == pytest.approx(0.5)
+    assert change(ratio, metric.higher_is_better).startswith("better, confirmed (resolves +/-")
+    unpaired = metric_ratio(Pair(pair.base, pair.cand, paired=False), metric)
+    assert unpaired.method == "independent"
+
+
+def test_a_run_from_before_cpu_seconds_were_recorded_has_no_cpu_ratio() -> None:
+    pair = Pair(make_result("baseline", old=True), make_result("optimized"), paired=False)
+    assert metric_ratio(pair, _metric("cpu_seconds_per_1k_env_steps")) is None
+
+
 def test_a_run_without_measurements_has_no_rate_ratio() -> None:
     pair = Pair(make_result("baseline"), make_result("optimized", [], status="failed"), paired=False)
     assert metric_ratio(pair, _metric("env_steps_per_sec")) is None
@@ -145,6 +179,64 @@ def test_comparison_table_names_the_interval_method() -> None:
     console = Console(width=220, record=True)
     console.print(comparison_table(Pair(make_result("baseline", [1000.0] * 3), make_result("optimized", [2000.0] * 3),
                                         True)))
-    text = " ".join(console.export_text().split())
+    exported = console.export_text()
+    text = " ".join(exported.split())
     assert "paired (repeats interleaved in one process)" in text
-    assert "2.00x [2.00-2.00]" in text and "better, confirmed" in text
+    assert "2.00x [2.00-2.00]" in text and "better, confirmed (resolves +/-0.0 %)" in text
+    (cpu_row,) = [line.split("│")[1:-1] for line in exported.splitlines() if "cpu_seconds" in line]
+    assert [cell.strip() for cell in cpu_row] == ["cpu_seconds_per_1k_env_steps", "1.000 [1.000-1.000]",
+                                                  "0.500 [0.500-0.500]", "0.50x [0.50-0.50]",
+                                                  "better, confirmed (resolves +/-0.0 %)"]
+
+
+# --------------------------------------------------------------------------- machine state and quality of each run
+
+def test_state_line_shows_load_others_share_threads_env_and_quality() -> None:
+    run = make_result("optimized", state=machine_state([0.05, 0.2, 0.1], load=(0.5, 1.25), intra_op=1, capped_from=2,
+                                                       omp="1"))
+    line = state_line("ppo-cartpole/optimized", run)
+    assert line.startswith("ppo-cartpole/optimized: load avg (1 min) before -> after 0.50 -> 1.25; ")
+    assert "others' CPU share median / max 10 % / 20 %" in line
+    assert "threads intra / inter 1 / 1 (capped from 2)" in line and "thread env vars OMP_NUM_THREADS=1" in line
+    assert line.endswith("; trustworthy") and "\n" not in line
+    assert untrustworthy_warning("x", run) is None
+
+
+def test_state_line_of_an_old_file_says_not_recorded() -> None:
+    line = state_line("ppo-cartpole/baseline", make_result("baseline", old=True))
+    assert line == "ppo-cartpole/baseline: machine state not recorded; quality not recorded"
+    partial = make_result("baseline", state={"load_avg_before": [1.0, 1.0, 1.0], "load_avg_after": [2.0, 1.0, 1.0]})
+    assert "before -> after 1.00 -> 2.00; others' CPU share median / max not recorded" in state_line("b", partial)
+
+
+def test_an_untrustworthy_run_gets_its_reasons_and_a_warning() -> None:
+    run = make_result("baseline", untrustworthy=["other processes took 62 % of the CPU", "repeats disagree"])
+    assert state_line("b", run).endswith("NOT trustworthy: other processes took 62 % of the CPU; repeats disagree")
+    assert untrustworthy_warning("ppo-cartpole/baseline", run) == (
+        "rlgauge: warning: ppo-cartpole/baseline is not trustworthy: other processes took 62 % of the CPU; "
+        "repeats disagree")
+
+
+def test_compare_prints_each_runs_state_and_warns_of_untrustworthy_runs(tmp_path, capsys) -> None:  # noqa: ANN001
+    a = write_results(tmp_path / "a.json", make_result("optimized", old=True))
+    b = write_results(tmp_path / "b.json", make_result("optimized", untrustworthy=["other processes took 62 %"]))
+    assert main(["compare", str(a), str(b)]) == 0
+    out, err = capsys.readouterr()
+    assert "cpu_seconds_per_1k_env_steps" in out
+    lines = [line for line in out.splitlines() if line.startswith("ppo-cartpole/optimized (")]
+    assert len(lines) == 2 and lines[0].startswith("ppo-cartpole/optimized (A): ") and "not recorded" in lines[0]
+    assert lines[1].endswith("NOT trustworthy: other processes took 62 %")
+    assert err.count("is not trustworthy") == 1
+    assert "rlgauge: warning: ppo-cartpole/optimized (B) is not trustworthy: other processes took 62 %" in err
+
+
+def test_matrix_report_shows_each_runs_state_and_quality_and_names_a_range_a_range() -> None:
+    rows = [PresetRow("ppo-cartpole", [make_result("baseline", [100.0, 100.0], old=True),
+                                       make_result("optimized", [300.0, 310.0], untrustworthy=["repeats disagree"])])]
+    text = report_markdown(rows, charts=False)
+    section = text[text.index("## Machine state and quality"):]
+    assert "| ppo-cartpole | baseline | not recorded | not recorded | not recorded | not recorded | quality not " \
+           "recorded |" in section
+    assert "| ppo-cartpole | optimized | 0.50 -> 0.75 | 3 % / 4 % | 2 / 1 | none set | NOT trustworthy: repeats " \
+           "disagree |" in section
+    assert "with 2 repeats the bracket is the range of the per-repeat ratios" in text and "95%" not in text

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.gate import (GATES_FILE, Thresholds, failed, gate_files, gate_variants, learning_checks,
-                          load_thresholds, stability_checks, trained_env_steps)
+from harness import cli
+from harness.gate import (GATES_FILE, Thresholds, check_quality, failed, gate_files, gate_variants, learning_checks,
+                          load_thresholds, remeasure_reason, stability_checks, trained_env_steps, underpowered)
 from harness.errors import UserError
-from results_factory import make_result
+from results_factory import make_result, write_results
 
 TIGHT = [1000.0, 1002.0, 998.0, 1001.0, 999.0]
 
@@ -28,6 +29,7 @@ def _by_check(checks: list, name: str) -> list:
 def test_shipped_thresholds_load_and_hold_the_documented_defaults() -> None:
     th = load_thresholds()
     assert th.max_slowdown_pct == 10 and th.min_speedup == 1.0 and th.confidence == 0.95
+    assert th.remeasure_margin_pct == 10
     assert th.throughput_metrics == ("env_steps_per_sec",)
     assert th.allow_compile_fallback is False
     assert "ppo-cartpole" in th.learning
@@ -58,6 +60,9 @@ def test_out_of_range_overrides_are_user_errors(override: dict, needle: str) -> 
     ("learning: {ppo-cartpole: {min_return: 10}}\n", "learning.ppo-cartpole"),
     ("learning: {ppo-cartpole: {min_return: 10, min_env_steps: -5}}\n", "min_env_steps"),
     ("[1, 2]\n", "expected a mapping"),
+    ("remeasure_margin_pct: 100\n", "remeasure_margin_pct: 100 is not a margin"),
+    ("remeasure_margin_pct: -5\n", "remeasure_margin_pct"),
+    ("remeasure_margin_pct: lots\n", "finite number"),
     ("max_slowdown_pct: [\n", "malformed YAML"),
 ])
 def test_a_bad_thresholds_file_is_a_one_line_user_error(tmp_path: Path, text: str, needle: str) -> None:
@@ -86,6 +91,7 @@ def test_a_confirmed_slowdown_beyond_the_threshold_fails() -> None:
     checks, _ = gate_files([make_result(samples=TIGHT)], [make_result(samples=_scaled(0.8))], Thresholds())
     (throughput,) = _by_check(checks, "env_steps_per_sec")
     assert throughput.passed is False and "confirmed" in throughput.note
+    assert throughput.note.endswith(" %") and "resolves +/-" in throughput.note
     assert failed(checks) == [throughput]
 
 
@@ -140,11 +146,11 @@ def test_speedup_is_judged_by_the_median_round_so_disturbed_rounds_do_not_decide
     fast_but_two = [2.5 * b for b in base[:-2]] + [1.0 * b for b in base[-2:]]  # two rounds hit by load
     runs = [make_result("baseline", base), make_result("optimized", fast_but_two)]
     (speedup,) = _by_check(gate_variants(runs, Thresholds(min_speedup=2.0))[0], "speedup")
-    assert speedup.passed is True and speedup.note == "the interval reaches below the minimum"
+    assert speedup.passed is True and speedup.note.startswith("the interval reaches below the minimum; resolves +/-")
     slow_but_two = [1.8 * b for b in base[:-2]] + [3.0 * b for b in base[-2:]]
     runs = [make_result("baseline", base), make_result("optimized", slow_but_two)]
     (speedup,) = _by_check(gate_variants(runs, Thresholds(min_speedup=2.0))[0], "speedup")
-    assert speedup.passed is False and speedup.note == "the interval reaches above the minimum"
+    assert speedup.passed is False and speedup.note.startswith("the interval reaches above the minimum; resolves +/-")
 
 
 def test_speedup_uses_paired_rounds_so_shared_drift_does_not_blur_it() -> None:
@@ -194,3 +200,165 @@ def test_learning_is_judged_only_after_enough_training() -> None:
 
 def test_presets_without_a_learning_bar_have_no_learning_check() -> None:
     assert learning_checks(make_result(preset="ppo-pendulum"), load_thresholds()) == []
+
+
+# --------------------------------------------------------------------------- power: no verdict from two repeats
+
+def test_a_throughput_check_with_two_repeats_is_neither_pass_nor_fail() -> None:
+    checks, _ = gate_files([make_result(samples=[1000.0, 1001.0])], [make_result(samples=[500.0, 501.0])], Thresholds())
+    (throughput,) = _by_check(checks, "env_steps_per_sec")
+    assert (throughput.passed, throughput.verdict, throughput.underpowered) == (None, "no verdict", 2)
+    assert throughput.note == "no verdict: 2 repeats (needs 3)" and failed(checks) == []
+    assert underpowered(checks) == ("gate: no verdict: 2 repeats (needs 3) in ppo-cartpole/optimized; "
+                                    "measure with --repeats 3 or more")
+
+
+def test_a_speedup_check_with_two_rounds_gives_no_verdict() -> None:
+    runs = [make_result("baseline", [1000.0, 1000.0]), make_result("optimized", [100.0, 100.0])]
+    checks, _ = gate_variants(runs, Thresholds(min_speedup=2.0))
+    (speedup,) = _by_check(checks, "speedup")
+    assert speedup.verdict == "no verdict" and failed(checks) == [] and underpowered(checks) is not None
+
+
+def test_three_repeats_carry_a_verdict() -> None:
+    checks, _ = gate_files([make_result(samples=TIGHT[:3])], [make_result(samples=_scaled(0.5, TIGHT[:3]))],
+                           Thresholds())
+    assert underpowered(checks) is None and failed(checks)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_gate_files_with_two_repeats_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_results(tmp_path / "a.json", make_result(samples=[1000.0, 1001.0]))
+    cand = write_results(tmp_path / "b.json", make_result(samples=[500.0, 501.0]))
+    code, out, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "gate: no verdict: 2 repeats (needs 3)" in err and "measure with --repeats 3 or more" in err
+
+
+def test_gate_run_with_two_repeats_exits_2_before_measuring(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("measured without the repeats for a verdict")
+
+    monkeypatch.setattr(cli, "_measure", never)
+    code, out, err = run_cli(capsys, "gate", "--run", "ppo-cartpole", "--device", "cpu", "--repeats", "2")
+    assert code == 2 and out == "" and err.strip() == (
+        "rlgauge: error: gate: no verdict: 2 repeats (needs 3); measure with --repeats 3 or more")
+
+
+# --------------------------------------------------------------------------- quality: untrustworthy runs are refused
+
+SHARE = "other processes took 62 % of the 2 usable cores during the timed segments"
+
+
+def test_check_quality_refuses_an_untrustworthy_run_naming_it_and_its_first_reason() -> None:
+    runs = [("ppo-cartpole/baseline", make_result("baseline")),
+            ("ppo-cartpole/optimized", make_result(untrustworthy=[SHARE, "repeats disagree"]))]
+    with pytest.raises(UserError) as caught:
+        check_quality(runs, allow=False)
+    assert str(caught.value) == (f"gate: ppo-cartpole/optimized is not trustworthy: {SHARE} "
+                                 "(--allow-untrustworthy to gate anyway)")
+    (warning,) = check_quality(runs, allow=True)
+    assert warning.startswith("rlgauge: warning: ppo-cartpole/optimized is not trustworthy: ")
+    assert "repeats disagree" in warning
+
+
+def test_runs_without_a_quality_verdict_are_gated_with_a_note() -> None:
+    (note,) = check_quality([("old/baseline", make_result(old=True)), ("new/optimized", make_result())], allow=False)
+    assert note.startswith("rlgauge: note: quality not recorded for old/baseline")
+
+
+def test_gate_files_refuses_an_untrustworthy_candidate_unless_allowed(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_results(tmp_path / "a.json", make_result(samples=TIGHT))
+    cand = write_results(tmp_path / "b.json", make_result(samples=TIGHT, untrustworthy=[SHARE]))
+    code, out, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert f"ppo-cartpole/optimized ({cand}) is not trustworthy: {SHARE} (--allow-untrustworthy to gate anyway)" in err
+    code, out, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand, "--allow-untrustworthy")
+    assert code == 0 and "gate passed" in err
+    assert f"rlgauge: warning: ppo-cartpole/optimized ({cand}) is not trustworthy: {SHARE}" in err
+
+
+def test_gate_files_of_old_results_pass_with_a_quality_note(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_results(tmp_path / "a.json", make_result(samples=TIGHT, old=True))
+    cand = write_results(tmp_path / "b.json", make_result(samples=TIGHT, old=True))
+    code, _, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand)
+    assert code == 0 and "quality not recorded for" in err and "gate passed" in err
+
+
+# --------------------------------------------------------------------------- gate --run: measured once more near the minimum
+
+def _variants(speedup: float, **kwargs: object) -> list:
+    return [make_result("baseline", TIGHT, **kwargs), make_result("optimized", _scaled(speedup), **kwargs)]
+
+
+def test_remeasure_reason_only_for_a_speedup_just_short_of_its_minimum() -> None:
+    th = Thresholds(min_speedup=2.0)
+
+    def reason(runs: list, thresholds: Thresholds = th) -> str | None:
+        return remeasure_reason(runs, gate_variants(runs, thresholds)[0], thresholds)
+
+    assert "within 10 % of the minimum" in reason(_variants(1.9))
+    assert reason(_variants(1.5)) is None  # clearly short
+    assert reason(_variants(2.1)) is None  # passed
+    assert reason(_variants(1.9), Thresholds(min_speedup=2.0, remeasure_margin_pct=0)) is None
+    assert reason(_variants(1.9, nonfinite_events=1, status="unstable")) is None  # fails on stability anyway
+    wide = [make_result("baseline", [1000.0] * 5), make_result("optimized", [1500.0, 1600.0, 1700.0, 2100.0, 2200.0])]
+    assert "its interval reaches the minimum" in reason(wide)  # 1.7x: 15 % short, but the interval reaches 2x
+
+
+def _fake_measure(monkeypatch: pytest.MonkeyPatch, *measurements: list) -> list:
+    calls: list = []
+
+    def measure(specs: list, args: object, checkpointing: object = None) -> tuple[list, bool]:
+        calls.append([spec.variant for spec in specs])
+        return measurements[len(calls) - 1], False
+
+    monkeypatch.setattr(cli, "_measure", measure)
+    return calls
+
+
+GATE_RUN = ("gate", "--run", "ppo-cartpole", "--device", "cpu", "--repeats", "5", "--min-speedup", "2", "--quiet")
+
+
+def test_gate_run_measures_once_more_near_the_minimum_and_decides_on_the_second(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls = _fake_measure(monkeypatch, _variants(1.9), _variants(2.05))
+    code, out, err = run_cli(capsys, *GATE_RUN)
+    assert code == 0 and calls == [["baseline", "optimized"]] * 2, out + err
+    (line,) = [line for line in err.splitlines() if "once more" in line]
+    assert line.startswith("rlgauge: gate: measuring once more, the second measurement decides: ppo-cartpole speedup "
+                           "1.900x") and "within 10 % of the minimum" in line
+    assert "2.050x" in out and "1.900x" not in out
+
+
+def test_gate_run_fails_when_the_second_measurement_is_short_too(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    calls = _fake_measure(monkeypatch, _variants(1.9), _variants(1.95))
+    code, _, err = run_cli(capsys, *GATE_RUN)
+    assert code == 1 and len(calls) == 2 and err.count("once more") == 1
+
+
+def test_gate_run_does_not_measure_again_a_speedup_clearly_short(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    calls = _fake_measure(monkeypatch, _variants(1.2))
+    code, _, err = run_cli(capsys, *GATE_RUN)
+    assert code == 1 and len(calls) == 1 and "once more" not in err
+
+
+def test_gate_run_refuses_untrustworthy_measurements_unless_allowed(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_measure(monkeypatch, _variants(2.5, untrustworthy=[SHARE]))
+    code, out, err = run_cli(capsys, *GATE_RUN)
+    assert code == 2 and err.strip() == (f"rlgauge: error: gate: ppo-cartpole/baseline is not trustworthy: {SHARE} "
+                                         "(--allow-untrustworthy to gate anyway)")
+    _fake_measure(monkeypatch, _variants(2.5, untrustworthy=[SHARE]))
+    code, _, err = run_cli(capsys, *GATE_RUN, "--allow-untrustworthy")
+    assert code == 0 and "gate passed" in err

@@ -140,6 +140,46 @@ def test_an_old_schema_1_file_without_later_fields_still_loads(tmp_path: Path) -
     assert (first.resolution, first.steps_completed, first.error) == ({}, 0, None)
 
 
+def test_a_file_from_before_machine_state_quality_and_cpu_seconds_still_loads(tmp_path: Path) -> None:
+    payload = valid_payload()
+    for run in payload["runs"]:
+        del run["machine_state"], run["quality"]
+        run["metrics"].pop("cpu_seconds_per_1k_env_steps", None)
+    (first, _) = load_results(write_json(tmp_path / "old.json", payload))
+    assert (first.machine_state, first.quality) == ({}, None)
+    assert "cpu_seconds_per_1k_env_steps" not in first.metrics
+
+
+def test_machine_state_quality_and_cpu_seconds_round_trip(tmp_path: Path) -> None:
+    run = make_run()
+    run.metrics["cpu_seconds_per_1k_env_steps"] = spread([0.5, 0.6, 0.55])
+    run.machine_state = {"usable_cores": 2, "load_avg_before": [0.1, 0.2, 0.3], "threads": {"intra_op": 1}}
+    run.quality = {"trustworthy": False, "reasons": ["other processes took 62 % of the CPU"]}
+    save_results(tmp_path / "r.json", [run])
+    assert load_results(tmp_path / "r.json") == [run]
+
+
+def _median_outside_range(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["runs"][1]["metrics"]["env_steps_per_sec"]["median"] = 5000.0  # max is 1100
+    return payload
+
+
+def _cpu_median_outside_range(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["runs"][0]["metrics"]["cpu_seconds_per_1k_env_steps"] = {"median": 0.1, "min": 0.5, "max": 0.6,
+                                                                     "samples": [0.5, 0.6]}
+    return payload
+
+
+def _quality_as_text(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["runs"][0]["quality"] = {"trustworthy": "yes", "reasons": []}
+    return payload
+
+
+def _machine_state_as_list(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["runs"][0]["machine_state"] = [1, 2]
+    return payload
+
+
 def test_save_creates_missing_parent_folders(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "r.json"
     save_results(path, [make_run()])
@@ -176,6 +216,11 @@ BAD_FILES: dict[str, tuple[Any, str]] = {
     "run not an object": (lambda p: {**p, "runs": ["baseline"]}, "run 0"),
     "run missing keys": (_missing_keys, "run 1: run is missing metrics, stability"),
     "unknown status": (_unknown_status, "'great'"),
+    "rate median outside its range": (_median_outside_range, "run 1: metrics.env_steps_per_sec: median 5000 lies "
+                                      "outside its own [min, max] = [900, 1100]"),
+    "CPU median outside its range": (_cpu_median_outside_range, "metrics.cpu_seconds_per_1k_env_steps: median 0.1"),
+    "quality not a verdict": (_quality_as_text, "run 0: quality.trustworthy"),
+    "machine_state not an object": (_machine_state_as_list, "run 0: machine_state"),
 }
 
 

@@ -44,15 +44,33 @@ def test_malformed_param_is_a_user_error(text: str) -> None:
         parse_param(text)
 
 
-def test_pivot_marks_the_fastest_value_per_row() -> None:
-    params = [Param("env.num_envs", ("2", "4")), Param("env.vectorization", ("serial", "sync"))]
+GRID = [Param("env.num_envs", ("2", "4")), Param("env.vectorization", ("serial", "sync"))]
+
+
+def test_pivot_marks_the_fastest_value_per_row_with_its_lead_and_resolution() -> None:
+    runs = [make_result("a", [100.0, 100.0, 100.0]), make_result("b", [200.0, 220.0, 210.0]),
+            make_result("c", [300.0, 300.0, 300.0]), make_result("d", [150.0, 150.0, 150.0])]
+    pts = points(GRID, runs)
+    assert pts[1].vs_first.value == pytest.approx(2.1)
+    table = markdown_table("t", GRID, pts)
+    assert "| 2 | 100 | **210** | 2.10x [2.00-2.20] faster (resolves +/-4.8 %) |" in table
+    assert "| 4 | **300** | 150 | 2.00x [2.00-2.00] faster (resolves +/-0.0 %) |" in table
+    assert series(GRID, pts)["env.vectorization=sync"][1] == (150.0, 150.0, 150.0)
+
+
+def test_pivot_names_no_fastest_value_from_two_repeats() -> None:
     runs = [make_result("a", [100.0, 100.0]), make_result("b", [200.0, 220.0]),
             make_result("c", [300.0, 300.0]), make_result("d", [150.0, 150.0])]
-    pts = points(params, runs)
-    assert pts[1].vs_first.value == pytest.approx(2.1)
-    table = markdown_table("t", params, pts)
-    assert "| 2 | 100 | **210** |" in table and "| 4 | **300** | 150 |" in table
-    assert series(params, pts)["env.vectorization=sync"][1] == (150.0, 150.0, 150.0)
+    table = markdown_table("t", GRID, points(GRID, runs))
+    assert "| 2 | 100 | 210 | no verdict: 2 repeats (needs 3) |" in table and "**" not in table
+
+
+def test_pivot_says_within_noise_when_the_two_fastest_overlap() -> None:
+    runs = [make_result("a", [100.0, 104.0, 96.0]), make_result("b", [101.0, 97.0, 103.0]),
+            make_result("c", [300.0, 300.0, 300.0]), make_result("d", [150.0, 150.0, 150.0])]
+    table = markdown_table("t", GRID, points(GRID, runs))
+    row = [line for line in table.splitlines() if line.startswith("| 2 |")][-1]  # the pivot, after the points
+    assert "within noise (resolves +/-" in row and "**" not in row
 
 
 @pytest.mark.parametrize("argv, message", [

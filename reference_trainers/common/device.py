@@ -101,9 +101,25 @@ def supports_fused_adam(device: torch.device) -> bool:
 DEFAULT_THREADS = torch.get_num_threads()
 
 
+_default_threads = DEFAULT_THREADS
+
+
+def cap_default_threads(cap: int | None) -> None:
+    """Cap the thread count ``apply_threads(None)`` uses (None: torch's default again). The
+    harness caps it at the cores other processes leave free (``run.fair_threads``)."""
+    global _default_threads
+    _default_threads = DEFAULT_THREADS if cap is None else max(1, min(DEFAULT_THREADS, int(cap)))
+
+
+def default_threads() -> int:
+    """The intra-op thread count a trainer with ``torch_threads`` unset runs with."""
+    return _default_threads
+
+
 def apply_threads(threads: int | None) -> None:
-    """Set intra-op CPU threads (None = the process default); cheap, called per iteration."""
-    wanted = threads or DEFAULT_THREADS
+    """Set intra-op CPU threads (None = the process default, capped by ``cap_default_threads``);
+    cheap, called per iteration."""
+    wanted = threads or _default_threads
     if torch.get_num_threads() != wanted:
         torch.set_num_threads(wanted)
 
