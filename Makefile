@@ -27,7 +27,9 @@ ASV_QUICK_ARGS ?=
 
 # The quick gate: both variants interleaved in one process; optimized/baseline env steps/sec
 # must not be confirmed below MIN_SPEEDUP, and every stability check must pass. One
-# BLAS/OpenMP thread, as in the asv suite.
+# BLAS/OpenMP thread, as in the asv suite. Repeats, rounds and the max slowdown below are the
+# settings `rlgauge calibrate ppo-cartpole` recommended on a 2-core machine (docs/analysis.md):
+# 9 paired rounds of 2,048 env steps, a 10 % threshold.
 GATE_PRESET ?= ppo-cartpole
 MIN_SPEEDUP ?= 2.0
 GATE_ARGS ?= --steps 2048 --repeats 9 --set run.warmup_steps=1024
@@ -36,7 +38,7 @@ GATE_OUT ?=
 # The cross-commit gate: BASE (a git ref) checked out in a temporary worktree; its optimized
 # variant and this checkout's are measured by alternating processes, rounds flipping the
 # order; fails on a slowdown the interval confirms beyond gates.yaml's max_slowdown_pct.
-GATE_BASE_ARGS ?= --steps 4096 --repeats 3 --set run.warmup_steps=1024 --rounds 3
+GATE_BASE_ARGS ?= --steps 2048 --repeats 3 --set run.warmup_steps=1024 --rounds 9 --max-slowdown 10
 GATE_BASE_OUT ?=
 
 .PHONY: install bench test test-fast asv-machine asv-check asv-quick asv-continuous asv-publish gate gate-base clean

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,15 +63,17 @@ def _busy_seconds(cpus: list[int] | None) -> float:
 
 
 class OthersMeter:
-    """CPU other processes use on this process's cores between ``start`` and ``stop``."""
+    """CPU other processes use on this process's cores between ``start`` and ``share``, less this
+    process's own (``own_cpu_seconds``: children included)."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_cpu_seconds: Callable[[], float] = metrics.process_cpu_seconds) -> None:
+        self.own_cpu_seconds = own_cpu_seconds
         self.cpus = affinity()
         self.cores = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
         self._start: tuple[float, float, float] | None = None
 
     def _now(self) -> tuple[float, float, float]:
-        return time.perf_counter(), _busy_seconds(self.cpus), metrics.process_cpu_seconds()
+        return time.perf_counter(), _busy_seconds(self.cpus), self.own_cpu_seconds()
 
     def start(self) -> None:
         self._start = self._now()

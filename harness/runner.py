@@ -94,11 +94,12 @@ class _Live:
 class _Clock:
     """Wall and CPU seconds since the last ``lap`` (lapping after a checkpoint leaves its writing out)."""
 
-    def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), metrics.process_cpu_seconds()
+    def __init__(self, cpu: metrics.ProcessCpu | None = None) -> None:
+        self.process = cpu or metrics.ProcessCpu()
+        self.wall, self.cpu = time.perf_counter(), self.process.seconds()
 
     def lap(self) -> tuple[float, float]:
-        wall, cpu = time.perf_counter(), metrics.process_cpu_seconds()
+        wall, cpu = time.perf_counter(), self.process.seconds()
         elapsed = (wall - self.wall, cpu - self.cpu)
         self.wall, self.cpu = wall, cpu
         return elapsed
@@ -263,9 +264,10 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
     extra = 1.0 / (1.0 - planted / 100.0) - 1.0  # iteration time x (1 + extra): rate x (1 - pct/100)
     progress.describe(live.spec.variant)
     live.probe.enabled = True
-    others = OthersMeter()
+    cpu = metrics.ProcessCpu()
+    others = OthersMeter(cpu.seconds)
     others.start()
-    clock = _Clock()
+    clock = _Clock(cpu)
 
     def account() -> None:
         wall, cpu = clock.lap()
