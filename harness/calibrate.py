@@ -383,7 +383,8 @@ def run_command(args: argparse.Namespace) -> int:
     base = specs_for(args.target, args.variant, overrides)[0]  # a plain config file: its one run, "config"
     specs = arm_specs(base, rounds)
     (resolution,) = resolve_specs(specs[:1])  # the arms differ only in the planted slowdown
-    out = check_output_dir(args.out or Path(f"calibrate-{specs[0].preset}"))
+    out = check_output_dir(args.out or Path(f"calibrate-{specs[0].preset}"),
+                           files=("runs.json", "calibration.json", "calibration.md"))
     say: Callable[[str], None] = (lambda _t: None) if args.quiet else (lambda t: print(t, file=sys.stderr))
     run_cfg = resolution.config.run
     say(f"calibrate {base.preset} ({base.variant}) on {resolution.device}: {len(specs)} arms "

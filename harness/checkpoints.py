@@ -99,7 +99,8 @@ def load_run_checkpoint(path: Path, preset: str, configs: dict[str, TrainConfig]
         raise UserError(f"--resume {path}: the checkpointed run had already finished; nothing to resume")
     for variant, config in configs.items():
         trainer = payload["variants"][variant]["trainer"]
-        differences = config_differences(trainer.get("config") or {}, to_plain_dict(config))
+        current = config.plain() if hasattr(config, "plain") else to_plain_dict(config)  # a user's trainer: OwnConfig
+        differences = config_differences(trainer.get("config") or {}, current)
         if differences:
             more = f" and {len(differences) - 1} more" if len(differences) > 1 else ""
             raise UserError(f"--resume {path}: {variant} was checkpointed with another config: {differences[0]}{more}")
@@ -109,6 +110,8 @@ def load_run_checkpoint(path: Path, preset: str, configs: dict[str, TrainConfig]
 def check_envs(configs: list[TrainConfig]) -> None:
     """Fail before a run if its envs cannot be checkpointed (``async``)."""
     for config in configs:
+        if not hasattr(config.env, "vectorization"):  # a user's trainer: its own envs, its own state_dict
+            continue
         try:
             check_checkpointable(config.env.vectorization)
         except CheckpointError as exc:

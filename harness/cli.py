@@ -1,14 +1,18 @@
 """The ``rlgauge`` command: a parser, a dispatch table, and one short ``cmd_*`` per subcommand.
 
-Exit codes: 0 success, 1 a check failed (an unstable or failed run, a failed gate check),
-2 bad input (one line on stderr, no traceback), 130 interrupted (partial result written, marked).
+Exit codes: 0 success, 1 a check failed (an unstable or failed run, a failed gate check) or an
+unexpected internal failure (one line; ``--debug`` adds the traceback), 2 bad input (one line on
+stderr, no traceback), 130 interrupted (partial result written, marked).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -18,10 +22,12 @@ from rich.console import Console
 from reference_trainers.common.config import ConfigError, to_plain_dict
 
 from . import cli_analysis as analysis
-from .cli_options import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from .cli_options import (DEBUG_ENV, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED,
+                          EXIT_OK, VersionAction, add_debug_option, debug_from_env, run_options, user_overrides)
 from .errors import UserError
+from .own_trainer import OwnConfig
 from .interrupts import stop_on_signals
-from .presets import VARIANTS, VariantSpec, list_presets, specs_for
+from .presets import VARIANTS, VariantSpec, list_presets, listing_lines, specs_for
 from .compare import Pair, comparison_table
 from .report import results_table
 from .results import check_writable, load_results, save_results
@@ -32,6 +38,9 @@ if TYPE_CHECKING:
 
 
 
+TARGET_HELP = "a preset name (see 'rlgauge presets') or a YAML config file"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
 
@@ -40,12 +49,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rlgauge", description="Benchmark harness for the speed of RL training.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="rlgauge", description="Benchmark harness for the speed of RL training. "
+                     "'rlgauge COMMAND --help' describes each command.")
+    parser.add_argument("--version", action=VersionAction,
+                        help="print rlgauge's version and the torch build, then exit")
+    add_debug_option(parser, top_level=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="measure a preset's variants (baseline vs optimized) or a config file")
-    run.add_argument("target", metavar="PRESET|FILE.yaml")
-    run.add_argument("--variant", choices=[*VARIANTS, "both"], default="both")
+    run = sub.add_parser("run", help="measure a preset's variants (baseline vs optimized) or a config file",
+                         description="Measure a preset's baseline and optimized variants, interleaved in this "
+                                     "process, and print them side by side with their ratio (or measure the one "
+                                     "run of a plain config file).")
+    run.add_argument("target", metavar="PRESET|FILE.yaml", nargs="?",
+                     help=TARGET_HELP + " (a file may name your own trainer with trainer: MODULE:ATTRIBUTE)")
+    run.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",
+                     help="measure your own trainer: a factory make_trainer(config, *, device, seed) importable from "
+                          "the current folder or PYTHONPATH (docs/own-trainer.md)")
+    run.add_argument("--config", type=Path, metavar="FILE.yaml",
+                     help="with --trainer: its settings (config:, variants:, run:), or a plain mapping of them")
+    run.add_argument("--variant", choices=[*VARIANTS, "both"], default="both",
+                     help="measure one variant only (default: both)")
     run_options(run)
     run.add_argument("--out", type=Path, metavar="RESULT.json", help="write the results here (atomically)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
@@ -58,18 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peer", metavar="NAME", help="also measure a peer library on matched settings, interleaved "
                      "(sb3: Stable-Baselines3 PPO/DQN; needs pip install 'rlgauge[peers]')")
 
-    sub.add_parser("presets", help="list the shipped presets")
+    sub.add_parser("presets", help="list the shipped presets",
+                   description="List the shipped presets: name, one-line description and variants.")
 
-    config = sub.add_parser("config", help="print the resolved config (every flag with its resolved value)")
-    config.add_argument("target", metavar="PRESET|FILE.yaml")
-    config.add_argument("--variant", choices=[*VARIANTS, "both"], default="both")
+    config = sub.add_parser("config", help="print the resolved config (every flag with its resolved value)",
+                            description="Print the config a run would use, as YAML, one document per variant: "
+                                        "every key with its resolved value and why each 'auto' resolved as it "
+                                        "did. Nothing runs.")
+    config.add_argument("target", metavar="PRESET|FILE.yaml", help=TARGET_HELP)
+    config.add_argument("--variant", choices=[*VARIANTS, "both"], default="both",
+                        help="print one variant only (default: both)")
     run_options(config)
 
-    compare = sub.add_parser("compare", help="two result files side by side (or a file's variants), ratios with CIs")
-    compare.add_argument("files", nargs="+", type=Path, metavar="RESULT.json", help="A.json B.json, or one file")
+    compare = sub.add_parser("compare", help="two result files side by side (or a file's variants), ratios with CIs",
+                             description="Show two result files side by side (or the variants of one file), "
+                                         "with ratios and their bootstrap confidence intervals.")
+    compare.add_argument("files", nargs="+", type=Path, metavar="RESULT.json",
+                         help="A.json B.json (B against A), or one file (its variants against each other)")
     compare.add_argument("--confidence", type=float, help="level of the bootstrap intervals (default: gates.yaml)")
 
-    gate = sub.add_parser("gate", help="exit 1 on a confirmed slowdown, a speedup below a minimum, or instability")
+    gate = sub.add_parser("gate", help="exit 1 on a confirmed slowdown, a speedup below a minimum, or instability",
+                          description="A regression gate: exit 1 on a confirmed slowdown (--baseline/--candidate "
+                                      "files, or --base REF against this checkout), a speedup below --min-speedup "
+                                      "(--run), or an unstable run.")
     gate.add_argument("--baseline", type=Path, metavar="A.json", help="result file of the reference build")
     gate.add_argument("--candidate", type=Path, metavar="B.json", help="result file of the build under test")
     gate.add_argument("--max-slowdown", type=float, metavar="PCT", help="tolerated throughput loss in %% (with --baseline)")
@@ -86,14 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--allow-compile-fallback", action="store_true", help="a torch.compile fallback does not fail")
     gate.add_argument("--allow-untrustworthy", action="store_true",
                       help="gate runs whose quality verdict says they are not trustworthy (their reasons become warnings)")
+    gate.add_argument("--allow-config-mismatch", action="store_true",
+                      help="gate runs that differ in algorithm, env or batch shape (the mismatch is shown as a "
+                           "waived check)")
     gate.add_argument("--thresholds", type=Path, metavar="FILE.yaml", help="thresholds file (default: harness/gates.yaml)")
 
-    record = sub.add_parser("record", help="append one RUNS.md row per run of the given result files")
-    record.add_argument("files", nargs="+", type=Path, metavar="RESULT.json")
+    record = sub.add_parser("record", help="append one RUNS.md row per run of the given result files",
+                            description="Append one RUNS.md row per run of the given result files, under a "
+                                        "milestone; earlier rows are never rewritten.")
+    record.add_argument("files", nargs="+", type=Path, metavar="RESULT.json",
+                        help="result files written by run --out (every one is checked before a row is written)")
     record.add_argument("--milestone", required=True, metavar="NAME", help="the milestone the rows belong to")
     record.add_argument("--runs-md", type=Path, default=Path("RUNS.md"), metavar="PATH",
                         help="the file to append to (default: RUNS.md in the current folder)")
     analysis.add_parsers(sub)
+    for command in sub.choices.values():
+        add_debug_option(command, top_level=False)  # 'rlgauge run ... --debug' works too
     return parser
 
 
@@ -182,15 +224,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .runner import resolve_specs
 
-    specs = specs_for(args.target, args.variant, user_overrides(args))
+    specs = _run_specs(args)
     resolutions = resolve_specs(specs)  # every flag checked before anything runs
+    own = isinstance(specs[0].config, OwnConfig)
+    if own and args.peer is not None:
+        raise UserError("--peer: peers are matched from rlgauge's own presets; accepted: --peer with a preset, "
+                        "not with your own trainer")
     if args.peer is not None:
         if args.checkpoint_every is not None or args.resume is not None:
             raise UserError("--peer: a peer library's trainer has no checkpoints; accepted: --peer without "
                             "--checkpoint-every and --resume")
         if any(r.config.distributed.enabled for r in resolutions):
             raise UserError("--peer: the peer trains in one process; accepted: --peer without distributed.enabled")
-    _join_process_group(resolutions)
+    if not own:
+        _join_process_group(resolutions)
     main_process = distributed.is_main_process()
     try:
         checkpointing = _checkpointing(args, specs, resolutions)
@@ -210,8 +257,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     bad = [r for r in results if r.status != "ok"]
     for result in bad if main_process else []:
         detail = result.error or f"float64_ops={result.stability['float64_ops']} nonfinite_events={result.stability['nonfinite_events']}"
-        print(f"rlgauge: {result.variant} run is {result.status}: {detail}", file=sys.stderr)
+        whose = f" of your trainer {result.config['trainer']}" if own else ""
+        print(f"rlgauge: {result.variant} run{whose} is {result.status}: {detail}", file=sys.stderr)
     return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
+def _run_specs(args: argparse.Namespace) -> list[VariantSpec]:
+    """``run``'s specs: a preset or file, or ``--trainer`` (with ``--config``)."""
+    from .presets import own_trainer_preset, specs_of
+
+    if args.trainer is None:
+        if args.config is not None:
+            raise UserError("--config: only used with --trainer; a preset or config file is given as PRESET|FILE.yaml")
+        if args.target is None:
+            raise UserError("run: the argument PRESET|FILE.yaml is required (see 'rlgauge presets'), or --trainer "
+                            "MODULE:ATTRIBUTE")
+        return specs_for(args.target, args.variant, user_overrides(args))
+    if args.target is not None:
+        raise UserError(f"run: with --trainer, give the settings file as --config {args.target} (not as a positional "
+                        "argument)")
+    return specs_of(own_trainer_preset(args.trainer, args.config), args.variant, user_overrides(args))
 
 
 def _peer_spec(args: argparse.Namespace) -> VariantSpec:
@@ -229,20 +294,23 @@ def _peer_spec(args: argparse.Namespace) -> VariantSpec:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    for preset in list_presets():
-        print(f"{preset.name:<16} {preset.description}  [variants: {', '.join(preset.variants)}]")
+    """One line per preset; on a terminal, long descriptions wrap under their own column."""
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    for line in listing_lines(list_presets(), width):
+        print(line)
     return EXIT_OK
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from reference_trainers.common.resolve import resolve_config
+    from .runner import resolve_specs
 
     documents = []
-    for spec in specs_for(args.target, args.variant, user_overrides(args)):
-        resolution = resolve_config(spec.config)
+    specs = specs_for(args.target, args.variant, user_overrides(args))
+    for spec, resolution in zip(specs, resolve_specs(specs)):
         header = f"# {spec.preset} / {spec.variant}\n"
         reasons = "".join(f"# {key}: auto -> {why}\n" for key, why in resolution.reasons.items())
-        documents.append(header + reasons + yaml.safe_dump(to_plain_dict(resolution.config), sort_keys=False))
+        plain = resolution.config.plain() if isinstance(resolution.config, OwnConfig) else to_plain_dict(resolution.config)
+        documents.append(header + reasons + yaml.safe_dump(plain, sort_keys=False))
     print("---\n".join(documents), end="")
     return EXIT_OK
 
@@ -322,7 +390,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from .cross_commit import cmd_gate_base
 
         return cmd_gate_base(args)
-    from .gate import check_quality, checks_table, failed, gate_files, load_thresholds, underpowered
+    from .gate import check_quality, check_setup, checks_table, failed, gate_files, load_thresholds, underpowered
 
     files_mode = _gate_files_mode(args)
     thresholds = load_thresholds(args.thresholds).with_overrides(
@@ -332,6 +400,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if files_mode:
         base_runs, cand_runs = load_results(args.baseline), load_results(args.candidate)
         checks, pairs = gate_files(base_runs, cand_runs, thresholds)
+        sides = (f"--baseline {args.baseline}", f"--candidate {args.candidate}")
+        checks = check_setup(pairs, args.allow_config_mismatch, sides) + checks
         title = f"gate: {args.candidate} against {args.baseline}"
         gated = [(f"{r.preset}/{r.variant} ({path})", r) for path, runs in ((args.baseline, [p.base for p in pairs]),
                                                                            (args.candidate, cand_runs)) for r in runs]
@@ -341,6 +411,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         if measured is None:
             return EXIT_INTERRUPTED
         checks, pairs, results = measured
+        checks = check_setup(pairs, args.allow_config_mismatch, ("baseline", "optimized")) + checks
         title = f"gate: {args.run}, variants interleaved in one process"
         notes = [line for line in check_quality([(f"{r.preset}/{r.variant}", r) for r in results],
                                                 args.allow_untrustworthy)
@@ -350,6 +421,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
         raise UserError(refusal)
     for line in notes:
         print(line, file=sys.stderr)
+    for check in checks:
+        if check.waived:
+            print(f"rlgauge: warning: {check.run}: setup differs: {check.measured}; {check.note}", file=sys.stderr)
     for pair in pairs:
         _warn_if_not_comparable(pair)
     console = _console()
@@ -367,12 +441,14 @@ def _gate_run(args: argparse.Namespace, thresholds: Thresholds) -> tuple[list, l
     """``gate --run``: measure both variants (enough repeats checked first, nothing run without them),
     once more if the speedup fails just short of its minimum; (checks, pairs, runs), None if interrupted."""
     from . import power
-    from .gate import gate_variants, no_power_message, remeasure_reason
+    from .gate import check_spec_setup, gate_variants, no_power_message, remeasure_reason
     from .runner import resolve_specs
 
     specs = specs_for(args.run, "both", user_overrides(args))
     if len(specs) < 2:
         raise UserError(f"gate --run {args.run}: needs a preset with a baseline and an optimized variant")
+    if not args.allow_config_mismatch:
+        check_spec_setup(specs)  # variants differing in more than flags: refused before anything runs
     repeats = min(resolution.config.run.repeats for resolution in resolve_specs(specs))
     if not power.has_power(repeats):
         raise UserError(no_power_message(repeats))
@@ -413,8 +489,13 @@ COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compa
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rlgauge`` and ``python -m harness``; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="rlgauge: %(message)s")
+    debug = False
     try:
+        debug = debug_from_env(os.environ.get(DEBUG_ENV))
         args = build_parser().parse_args(argv)
+        debug = debug or args.debug
+        if debug:  # a trainer's failure inside a run logs its traceback at debug level
+            logging.getLogger("rlgauge").setLevel(logging.DEBUG)
         with stop_on_signals():  # SIGTERM ends a command as Ctrl-C does: cleanly, exit code 130
             return COMMANDS[args.command](args)
     except (UserError, ConfigError) as exc:
@@ -425,3 +506,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
+    except Exception as exc:  # a bug, not bad input: one line, the traceback on request
+        return _internal_error(exc, debug)
+
+
+def _internal_error(exc: Exception, debug: bool) -> int:
+    """An unexpected failure: its traceback under ``--debug``, then one line naming it."""
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    message = " ".join(str(exc).split())
+    line = f"rlgauge: error: {type(exc).__name__}" + (f": {message}" if message else "")
+    hint = "" if debug else " (run with --debug for the traceback)"
+    print(line + hint, file=sys.stderr)
+    return EXIT_INTERNAL_ERROR

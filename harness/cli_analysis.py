@@ -15,28 +15,44 @@ from .cli_options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_optio
 from .errors import UserError
 from .presets import VARIANTS, specs_for
 from .results import save_results
+from .run_size import MAX_ENV_STEPS, MAX_RUNS, check_size, size_of
+
+_YES_HELP = (f"run even above the size limit ({MAX_RUNS} runs or {MAX_ENV_STEPS:,} env steps in all); "
+             "without it a larger command is refused with its size and a time estimate")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """ablate, sweep, diagnose, matrix: the analysis commands (each takes the run options)."""
-    ablate = sub.add_parser("ablate", help="attribute the speedup to each optimisation flag (all arms interleaved)")
-    ablate.add_argument("target", metavar="PRESET|FILE.yaml")
+    ablate = sub.add_parser("ablate", help="attribute the speedup to each optimisation flag (all arms interleaved)",
+                            description="Attribute a preset's speedup to each optimisation flag: each flag alone on "
+                                        "the baseline and each left out of the full stack, all arms interleaved in "
+                                        "one process, with paired ratios and their intervals.")
+    ablate.add_argument("target", metavar="PRESET|FILE.yaml",
+                        help="a preset name (see 'rlgauge presets') or a YAML config file")
     ablate.add_argument("--flags", metavar="a,b,...", help="only these flags (default: every flag the variants differ in)")
     ablate.add_argument("--expect", metavar="FLAG=1.5x,...", help="expected speedup of flags alone, shown beside the measured one")
     run_options(ablate, steps_default="8192 for ablate", repeats_default="5 for ablate")
     ablate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: ablation-PRESET/)")
     ablate.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
 
-    sweep = sub.add_parser("sweep", help="throughput across values of a config key (two --param: a grid), interleaved")
-    sweep.add_argument("target", metavar="PRESET|FILE.yaml")
+    sweep = sub.add_parser("sweep", help="throughput across values of a config key (two --param: a grid), interleaved",
+                           description="Measure throughput across the values of a config key (a second --param "
+                                       "makes a grid), every point interleaved in one process; writes a table, "
+                                       "a chart and the runs.")
+    sweep.add_argument("target", metavar="PRESET|FILE.yaml",
+                       help="a preset name (see 'rlgauge presets') or a YAML config file")
     sweep.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=V1,V2,...",
                        help="a dotted config key and its values, each parsed like --set; a second --param makes a grid")
     sweep.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant swept (default: optimized)")
     run_options(sweep, steps_default="8192 for sweep")
     sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.add_argument("--yes", action="store_true", help=_YES_HELP)
 
-    diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice")
+    diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice",
+                              description="Report the machine (versions, devices, whether torch.compile works), "
+                                          "then profile a short run of a preset against the env-only ceiling and "
+                                          "advise which flags to try.")
     diagnose.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
                           help="what to profile (default: ppo-cartpole)")
     diagnose.add_argument("--variant", choices=VARIANTS, default="baseline",
@@ -45,14 +61,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
 
-    matrix = sub.add_parser("matrix", help="every preset, both variants: one Markdown + HTML report with charts")
+    matrix = sub.add_parser("matrix", help="every preset, both variants: one Markdown + HTML report with charts",
+                            description="Measure both variants of every preset (or of --presets), then write one "
+                                        "Markdown and HTML report with the speedups, charts and stability.")
     matrix.add_argument("--presets", metavar="a,b,...", help="only these presets (default: all)")
     run_options(matrix, steps_default="8192 for matrix")
     matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
     matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
+    matrix.add_argument("--yes", action="store_true", help=_YES_HELP)
 
     calibrate = sub.add_parser("calibrate", help="the throughput gate's false alarms and detection rate on this "
-                               "machine (A/A and planted slowdowns, interleaved); recommends --repeats and --max-slowdown")
+                               "machine (A/A and planted slowdowns, interleaved); recommends --repeats and --max-slowdown",
+                              description="Measure the throughput gate's false alarms (A/A runs) and detection rate "
+                                          "(planted slowdowns) on this machine, and recommend --repeats and "
+                                          "--max-slowdown for it.")
     calibrate.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
                            help="what to measure (default: ppo-cartpole)")
     calibrate.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant measured (default: optimized)")
@@ -94,7 +116,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         raise UserError("--flags: give at least one flag name, e.g. --flags batch_inference,torch_threads")
     plan = ablate.plan_ablation(args.target, overrides, only)
     expected = ablate.parse_expectations(args.expect, plan)
-    out = check_output_dir(args.out or Path(f"ablation-{plan.preset}"))
+    out = check_output_dir(args.out or Path(f"ablation-{plan.preset}"),
+                           files=("runs.json", "ablation.json", "ablation.png"))
     specs = ablate.arm_specs(plan, args.target, overrides)
     say = _say(args)
     say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
@@ -125,9 +148,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     params = [sweep.parse_param(text) for text in args.params]
     overrides = _with_defaults(args, **{"run.steps": sweep.SWEEP_DEFAULT_STEPS})
+    smaller = "fewer --param values, --steps or --repeats"
+    if sweep.grid_size(params) > MAX_RUNS and not args.yes:  # refused before 10,000 points are built
+        check_size("sweep", sweep.extrapolated_size(args.target, args.variant, params, overrides), False,
+                   _say(args), smaller)
     specs = sweep.sweep_specs(args.target, args.variant, params, overrides)
+    check_size("sweep", size_of(spec.config for spec in specs), args.yes, _say(args), smaller)
     preset = specs[0].preset
-    out = check_output_dir(args.out or Path(f"sweep-{preset}"))
+    out = check_output_dir(args.out or Path(f"sweep-{preset}"), files=("runs.json", "sweep.json", "sweep.png"))
     from .runner import resolve_specs
 
     device = resolve_specs(specs[:1])[0].device
@@ -188,7 +216,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         raise UserError("--presets: give at least one preset name (see 'rlgauge presets')")
     overrides = _with_defaults(args, **{"run.steps": matrix.MATRIX_DEFAULT_STEPS})
     plan = matrix.matrix_specs(names, overrides)
-    out = check_output_dir(args.out or Path("rlgauge-matrix"))
+    check_size("matrix", size_of(spec.config for specs in plan.values() for spec in specs), args.yes, _say(args),
+               "fewer --presets, --steps or --repeats")
+    out = check_output_dir(args.out or Path("rlgauge-matrix"), files=("runs.json", "report.md", "report.html",
+                                                                   matrix.SPEEDUP_CHART, matrix.THROUGHPUT_CHART))
     rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args))
     runs = [run for row in rows for run in row.runs]
     save_results(out / "runs.json", runs)

@@ -126,13 +126,19 @@ def _names(runs: list[RunResult]) -> str:
     return ", ".join(f"{p}/{v}" for p, v in map(_key, runs)) or "no runs"
 
 
+def interleaved(run: RunResult) -> bool:
+    """Whether a run's repeats were interleaved with its file's other runs (``measure`` blocks are not:
+    they run one after another, so their ratios are independent)."""
+    return run.config.get("interleaved", True) is not False
+
+
 def variant_pairs(runs: list[RunResult], source: str = "the result file") -> list[Pair]:
     """Within one process's runs: each preset's other variants against its ``baseline`` (paired)."""
     pairs: list[Pair] = []
     for preset in dict.fromkeys(r.preset for r in runs):
         group = [r for r in runs if r.preset == preset]
         base = next((r for r in group if r.variant == "baseline"), group[0])
-        pairs += [Pair(base, r, paired=True) for r in group if r is not base]
+        pairs += [Pair(base, r, paired=interleaved(base) and interleaved(r)) for r in group if r is not base]
     if not pairs:
         raise UserError(f"{source} holds {_names(runs)}: nothing to compare within it; "
                         "give a second result file, or a file from 'rlgauge run --variant both'")
@@ -268,7 +274,7 @@ def describe_method(pair: Pair, confidence: float = CONFIDENCE, n: int | None = 
         level = f"{n} repeat{'s' * (n != 1)}: the range of the ratios, not a confidence interval"
     if pair.paired:
         return f"paired (repeats interleaved in one process): median of per-round ratios [{level}]"
-    return f"independent (two processes): ratio of medians [{level}]"
+    return f"independent (two processes, or runs not interleaved): ratio of medians [{level}]"
 
 
 def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str | None = None,

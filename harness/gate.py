@@ -6,7 +6,8 @@ A gate decides only on figures that can carry a verdict: a throughput or speedup
 fewer than ``power.MIN_REPEATS`` repeats is neither pass nor fail (``underpowered``), and a
 run whose quality verdict says it is not trustworthy is refused (``check_quality``); the CLI
 turns both into exit code 2. A speedup that fails just short of its minimum is measured once
-more (``remeasure_reason``).
+more (``remeasure_reason``). Runs of a different algorithm, env or batch shape are not compared
+(``check_setup``: exit code 2) unless the user allows it; the mismatch then shows as a waived check.
 """
 
 from __future__ import annotations
@@ -164,9 +165,13 @@ class Check:
     note: str = ""
     underpowered: int | None = None
     """The repeats behind the ratio when fewer than ``power.MIN_REPEATS``."""
+    waived: bool = False
+    """A refusal the user overrode (``--allow-config-mismatch``): shown, neither pass nor fail."""
 
     @property
     def verdict(self) -> str:
+        if self.waived:
+            return "waived"
         if self.underpowered is not None:
             return "no verdict"
         return {True: "pass", False: "FAIL", None: "skip"}[self.passed]
@@ -322,6 +327,77 @@ def check_quality(runs: list[tuple[str, RunResult]], allow: bool) -> list[str]:
         lines.append(f"rlgauge: note: quality not recorded for {', '.join(unrecorded)} (older result files); "
                      "gated without it")
     return lines
+
+
+# --------------------------------------------------------------------------- runs a gate may compare
+
+SETUP_KEYS = ("algo", "env.id", "env.num_envs")
+"""What two gated runs must share: the algorithm, the env and the number of sub-envs ..."""
+BATCH_KEYS = {"ppo": ("ppo.num_steps", "ppo.num_minibatches"), "dqn": ("dqn.batch_size",),
+              "iqn": ("iqn.batch_size",)}
+"""... and the algorithm's rollout and batch sizes. Never an optimisation flag: the two variants of
+one preset differ in those by design (``gate --run``)."""
+
+
+def _dotted(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def setup_differences(base_algo: str, base_config: dict[str, Any], cand_algo: str,
+                      cand_config: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, base value, candidate value)`` for each algorithm / env / batch-shape key that differs.
+    A key missing from either config (older files) is not compared; with different algorithms the
+    algorithm's own sections are not compared either (the algorithm says it all)."""
+    keys = [*SETUP_KEYS, *(BATCH_KEYS.get(base_algo, ()) if base_algo == cand_algo else ())]
+    values = {"algo": (base_algo, cand_algo)}
+    values.update({k: (_dotted(base_config, k), _dotted(cand_config, k)) for k in keys if k != "algo"})
+    return [(k, *values[k]) for k in keys
+            if None not in values[k] and values[k][0] != values[k][1]]
+
+
+def differences_text(differences: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"{key} {base} vs {cand}" for key, base, cand in differences)
+
+
+def check_setup(pairs: list[Pair], allow: bool, sides: tuple[str, str] = ("baseline", "candidate")) -> list[Check]:
+    """Refuse (``UserError``, one line naming the runs, each differing key and both values) to gate runs
+    of a different algorithm, env or batch shape, unless ``allow``; then one waived check per such pair."""
+    checks = []
+    for pair in pairs:
+        differences = setup_differences(pair.base.algo, pair.base.config, pair.cand.algo, pair.cand.config)
+        if not differences:
+            continue
+        text = differences_text(differences)
+        if not allow:
+            raise _setup_refusal(pair.label, sides, text)
+        checks.append(Check("setup (algo, env, batch)", pair.label, text, "the same", None,
+                            "gated anyway (--allow-config-mismatch)", waived=True))
+    return checks
+
+
+def check_spec_setup(specs: list[Any]) -> None:
+    """``gate --run`` before measuring: refuse variants (``VariantSpec``) whose algorithm, env or batch
+    shape differ from the first one's (a user's preset file can set more than flags per variant)."""
+    from reference_trainers.common.config import to_plain_dict
+
+    first = specs[0]
+    if not hasattr(first.config, "model_dump"):  # a user's trainer: its settings are free-form, its variants its own
+        return
+    for spec in specs[1:]:
+        differences = setup_differences(first.config.algo, to_plain_dict(first.config), spec.config.algo,
+                                        to_plain_dict(spec.config))
+        if differences:
+            raise _setup_refusal(spec.preset, (first.variant, spec.variant), differences_text(differences))
+
+
+def _setup_refusal(label: str, sides: tuple[str, str], text: str) -> UserError:
+    return UserError(f"gate: {label}: {sides[0]} and {sides[1]} differ in setup: {text} (accepted: runs of the "
+                     "same algorithm, env and batch shape; --allow-config-mismatch to gate anyway)")
 
 
 def remeasure_reason(runs: list[RunResult], checks: list[Check], th: Thresholds) -> str | None:

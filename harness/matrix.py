@@ -5,7 +5,8 @@ run`` does), presets one after another; a rich progress bar counts presets and v
 The speedup of each preset is the median paired per-repeat ratio with a 95 % percentile
 bootstrap interval (``compare.paired_ratio``); with fewer than ``power.MIN_REPEATS`` repeats
 the report calls the bracket the range of the ratios. Each run's machine state and quality
-verdict get a table of their own.
+verdict get a table of their own. A matrix above ``run_size``'s limit (``--steps`` and
+``--repeats`` multiply every run) runs only with ``--yes``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
+from reference_trainers.common.atomic_file import write_atomically
+
 from .compare import Ratio
 from .power import has_power
 
@@ -54,8 +56,11 @@ def ratio_color(ratio: Ratio) -> str:
 
 def _finish(fig: Figure, path: Path) -> Figure:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    try:
+        write_atomically(Path(path), lambda handle: fig.savefig(handle, dpi=110, format=fmt))  # the one safe writer
+    finally:
+        plt.close(fig)
     return fig
 
 

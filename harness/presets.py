@@ -9,9 +9,9 @@ registry: ``baseline`` from its plain values, ``optimized`` from its optimised o
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from reference_trainers.common.config import TrainConfig, build_config
 from reference_trainers.common.config_files import deep_merge, read_yaml
@@ -19,6 +19,9 @@ from reference_trainers.common.errors import ConfigError
 from reference_trainers.common.flags import optimised_variant
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .own_trainer import OwnConfig
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 VARIANTS = ("baseline", "optimized")
@@ -30,7 +33,7 @@ class VariantSpec:
 
     preset: str
     variant: str
-    config: TrainConfig
+    config: TrainConfig | OwnConfig
     build: Callable[..., object] | None = None
     """Trainer factory ``build(resolution, probe=...)``; None = the reference trainer of ``config.algo``."""
 
@@ -41,12 +44,21 @@ class Preset:
     description: str
     shared: dict[str, Any]
     variants: dict[str, dict[str, Any]]
+    trainer: str | None = None
+    """``MODULE:ATTRIBUTE`` of a user's trainer factory (``own_trainer``); None: rlgauge's trainers."""
+    own: dict[str, Any] = field(default_factory=dict)
+    """A user's trainer file's rlgauge sections: ``run``, ``device``, ``seed``."""
+    folder: Path | None = None
+    """The file's folder (a user's trainer module may sit beside it)."""
 
     def variant_data(self, variant: str) -> dict[str, Any]:
         """The variant's config: ``optimized`` starts from the registry's optimised values, every other
-        variant from the plain ones; the variant's own keys win over both."""
+        variant from the plain ones; the variant's own keys win over both. A user's trainer: the
+        shared ``config`` with the variant's keys merged over it."""
         if variant not in self.variants:
             raise UserError(f"--variant {variant!r}: {self.name} has {', '.join(self.variants)}")
+        if self.trainer is not None:
+            return deep_merge(self.shared, self.variants[variant])
         base = deep_merge(self.shared, optimised_variant()) if variant == "optimized" else self.shared
         return deep_merge(base, self.variants[variant])
 
@@ -55,13 +67,43 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+OWN_TRAINER_KEYS = ("trainer", "description", "config", "variants", "run", "device", "seed")
+"""Top-level keys of a user's trainer file (``trainer:`` names the factory)."""
+
+
+def _parse_own(name: str, data: dict[str, Any], source: Path, trainer: Any) -> Preset:
+    """A user's trainer file: ``trainer``, ``description``, ``config`` (free-form, shared),
+    ``variants`` (each merged over ``config``), and rlgauge's ``run``, ``device``, ``seed``."""
+    unknown = sorted(set(data) - set(OWN_TRAINER_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}; accepted beside trainer: "
+                          f"{', '.join(OWN_TRAINER_KEYS[1:])} (your trainer's own keys go under config:)")
+    if not isinstance(trainer, str) or ":" not in trainer:
+        raise ConfigError(f"{source}: trainer: expected MODULE:ATTRIBUTE (e.g. my_pkg.train:make_trainer), "
+                          f"got {trainer!r}")
+    shared = data.get("config") or {}
+    variants = data.get("variants") or {"config": {}}
+    if not isinstance(shared, dict):
+        raise ConfigError(f"{source}: config must be a mapping of your trainer's settings")
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise ConfigError(f"{source}: variants must map variant names (e.g. {', '.join(VARIANTS)}) to mappings of "
+                          "your trainer's settings")
+    own = {key: data[key] for key in ("run", "device", "seed") if key in data}
+    return Preset(name, str(data.get("description", "")), shared, variants, trainer, own, source.parent.resolve())
+
+
 def _parse(name: str, data: dict[str, Any], source: Path) -> Preset:
+    if "trainer" in data:
+        return _parse_own(name, data, source, data["trainer"])
     if "variants" not in data:
         return Preset(name, str(data.get("description", "")), {k: v for k, v in data.items() if k != "description"},
                       {"config": {}})
     unknown = sorted(set(data) - {"description", "config", "variants"})
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}; accepted in a preset: description, config, variants")
+    if "config" not in data:  # else every variant would silently run the default PPO on CartPole
+        raise ConfigError(f"{source}: a preset (a file with variants) needs config:, the settings its variants share "
+                          f"(e.g. algo, env); it has only {', '.join(sorted(data))}")
     variants = data["variants"]
     if not isinstance(variants, dict) or not variants or not all(isinstance(v, dict) for v in variants.values()):
         raise ConfigError(f"{source}: variants must map variant names ({', '.join(VARIANTS)}) to config mappings")
@@ -89,13 +131,61 @@ def list_presets() -> list[Preset]:
     return [load_preset(name) for name in preset_names()]
 
 
+def listing_lines(presets: list[Preset], width: int | None = None) -> list[str]:
+    """``rlgauge presets``: names in a column as wide as the longest, then description and variants.
+
+    One line per preset; with a ``width`` (a terminal's), a long description wraps under its own column."""
+    import textwrap
+
+    column = max((len(preset.name) for preset in presets), default=0) + 2
+    lines = []
+    for preset in presets:
+        text = f"{preset.description}  [variants: {', '.join(preset.variants)}]"
+        if width is None:
+            lines.append(f"{preset.name:<{column}}{text}")
+            continue
+        wrapped = textwrap.wrap(text, width=max(width - column, 30), break_on_hyphens=False) or [""]
+        lines.append(f"{preset.name:<{column}}{wrapped[0]}")
+        lines.extend(" " * column + rest for rest in wrapped[1:])
+    return lines
+
+
 def specs_for(target: str, variant: str, overrides: list[str]) -> list[VariantSpec]:
     """Validated specs for ``--variant baseline|optimized|both`` (a plain config file: its one run)."""
-    preset = load_preset(target)
+    return specs_of(load_preset(target), variant, overrides)
+
+
+def specs_of(preset: Preset, variant: str, overrides: list[str]) -> list[VariantSpec]:
+    """``specs_for`` of a loaded preset (a shipped one, a file, or ``own_trainer_preset``'s)."""
     if "config" in preset.variants and len(preset.variants) == 1:
         names = ["config"]
     elif variant == "both":
         names = [v for v in VARIANTS if v in preset.variants] or list(preset.variants)
     else:
         names = [variant]
+    if preset.trainer is not None:
+        return _own_specs(preset, names, overrides)
     return [VariantSpec(preset.name, name, build_config(preset.variant_data(name), overrides)) for name in names]
+
+
+def own_trainer_preset(trainer: str, config_file: Path | None) -> Preset:
+    """``run --trainer MODULE:ATTRIBUTE [--config FILE]``: the file's preset with its ``trainer:``
+    replaced (a file without one is read as the user's settings, with optional variants)."""
+    if config_file is None:
+        return Preset(trainer.partition(":")[0].rpartition(".")[2] or trainer, "", {}, {"config": {}}, trainer, {}, None)
+    data = read_yaml(config_file)
+    if not any(key in data for key in OWN_TRAINER_KEYS):  # a bare mapping of the user's settings
+        data = {"config": data}
+    return _parse_own(config_file.stem, {**data, "trainer": trainer}, config_file, trainer)
+
+
+def _own_specs(preset: Preset, names: list[str], overrides: list[str]) -> list[VariantSpec]:
+    from .own_trainer import build_own_config, own_builder
+
+    assert preset.trainer is not None
+    build = own_builder(preset.trainer, [preset.folder] if preset.folder else None)  # imported now: fails fast
+    source = str(preset.folder / preset.name) if preset.folder else preset.name
+    return [VariantSpec(preset.name, name, build_own_config(preset.trainer, {**preset.own, "config":
+                                                                            preset.variant_data(name)},
+                                                            overrides, source), build=build)
+            for name in names]

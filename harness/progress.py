@@ -1,4 +1,8 @@
-"""A progress bar for long runs (rich), with a windowed steps/sec; silent when disabled."""
+"""A progress bar for long runs (rich), with a windowed steps/sec; silent when disabled.
+
+The total is the planned env steps (warm-up plus every timed repeat). An iteration collects all its
+env steps at once, so each phase can end past its budget: the bar then grows its total to the steps
+really taken, and never shows more completed steps than its total."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ class RunProgress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.enabled = enabled
         self.window = RateWindow()
+        self.completed = 0
+        self.total = total
         if enabled:
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -39,5 +45,8 @@ class RunProgress:
     def advance(self, steps: int, trainer_total: int) -> None:
         if not self.enabled:
             return
+        self.completed += steps
+        self.total = max(self.total, self.completed)  # an overshooting iteration grows the total, honestly
         rate = self.window.add(trainer_total)
-        self._progress.update(self._task, advance=steps, rate=f"{rate:,.0f} steps/s" if rate else "")
+        self._progress.update(self._task, completed=self.completed, total=self.total,
+                              rate=f"{rate:,.0f} steps/s" if rate else "")

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
 
-from reference_trainers.common.atomic_file import write_text_atomically
+from reference_trainers.common.atomic_file import (UnsafeTargetError, check_folder, check_target, kind_of,
+                                                   write_text_atomically)
 
 from .errors import UserError
 
@@ -63,6 +66,9 @@ class RunResult:
             _RunShape.model_validate(data)
         except ValidationError as exc:
             raise UserError(f"{source}: {_shape_problem(exc)}") from None
+        problem = _inconsistency(data)
+        if problem is not None:
+            raise UserError(f"{source}: {problem}")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 
@@ -87,9 +93,15 @@ class _RateBlock(_Open):
 
     @model_validator(mode="after")
     def _median_within_its_range(self) -> "_RateBlock":
+        # the runner writes metrics.spread(samples): min <= median <= max, and every sample in between
+        if self.min > self.max:
+            raise ValueError(f"min {self.min:g} is greater than max {self.max:g}")
         if not self.min <= self.median <= self.max:
             raise ValueError(f"median {self.median:g} lies outside its own [min, max] = "
                              f"[{self.min:g}, {self.max:g}]")
+        outside = [s for s in self.samples if not self.min <= s <= self.max]
+        if outside:
+            raise ValueError(f"sample {outside[0]:g} lies outside its own [min, max] = [{self.min:g}, {self.max:g}]")
         return self
 
 
@@ -124,6 +136,15 @@ class _Quality(_Open):
     trustworthy: bool
     reasons: list[str]
 
+    @model_validator(mode="after")
+    def _verdict_matches_its_reasons(self) -> "_Quality":
+        # quality.assess: trustworthy exactly when there is no reason
+        if self.trustworthy and self.reasons:
+            raise ValueError(f"trustworthy is true, yet it gives reasons not to trust the run ({self.reasons[0]!r})")
+        if not self.trustworthy and not self.reasons:
+            raise ValueError("trustworthy is false but no reason is given")
+        return self
+
 
 class _Git(_Open):
     commit: Optional[str]
@@ -145,6 +166,35 @@ class _RunShape(_Open):
     error: Optional[str] = None
     machine_state: dict[str, Any] = {}
     quality: Optional[_Quality] = None
+
+
+_REPEATED_RATES = ("env_steps_per_sec", "agent_steps_per_sec", "updates_per_sec")
+"""Rates the runner appends once per timed repeat, together (``runner._timed_segment``)."""
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _inconsistency(data: dict[str, Any]) -> str | None:
+    """What contradicts the rest of a well-shaped run (``key: why``), or None. Only what the runner
+    guarantees for a run with status ok (every repeat timed to its end), and only where the file
+    records both sides (older files without ``steps_completed`` or ``config.run`` are not judged)."""
+    if data["status"] != "ok":
+        return None
+    run = data["config"].get("run")
+    repeats, steps = (_count(run.get("repeats")), _count(run.get("steps"))) if isinstance(run, dict) else (None, None)
+    if repeats is not None:
+        for key in _REPEATED_RATES:
+            block = data["metrics"].get(key)
+            if block is not None and len(block["samples"]) != repeats:
+                return (f"metrics.{key}.samples: {len(block['samples'])} samples, but config.run.repeats is "
+                        f"{repeats} and the run's status is ok (every repeat measured)")
+    if repeats is not None and steps is not None and "steps_completed" in data \
+            and data["steps_completed"] < repeats * steps:
+        return (f"steps_completed: {data['steps_completed']:,} timed env steps, fewer than config.run.repeats x "
+                f"config.run.steps = {repeats} x {steps:,} for a run whose status is ok")
+    return None
 
 
 def _shape_problem(exc: ValidationError) -> str:
@@ -186,34 +236,53 @@ def load_results(path: Path) -> list[RunResult]:
     return [RunResult.from_dict(run, f"{path} run {i}") for i, run in enumerate(data["runs"])]
 
 
-def check_writable(path: Path) -> None:
-    """Fail before a run starts if ``--out`` cannot be written (tried, not assumed)."""
+def check_writable(path: Path, option: str = "--out") -> None:
+    """Fail before a run starts if ``option``'s file cannot be written: ``atomic_file.check_target``'s
+    rules (a regular, writable file or a new one, symlinks followed), then a file tried in its folder."""
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"--out {path}: is a directory; give a file name such as {path / 'result.json'}")
-    existing = path.parent
-    while not existing.exists():
+    try:
+        real = check_target(path)
+    except UnsafeTargetError as exc:
+        raise UserError(f"{option} {exc}") from None
+    _try_creating_a_file(real.parent, f"{option} {path}")
+
+
+def check_output_dir(path: Path, option: str = "--out", files: Iterable[str] = ()) -> Path:
+    """Create the output folder ``path`` (or accept an existing one) and check files can be written
+    there; each of ``files`` (the names the command will write) must pass ``check_target`` too."""
+    path = Path(path)
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # new, or below a non-folder (check_folder says which)
+        st = None
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot be used as a folder ({exc.strerror or exc})") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        what = "a file" if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
+        raise UserError(f"{option} {path}: is {what}; give a folder for the outputs")
+    try:
+        check_folder(path, path)
+        for name in files:
+            check_target(path / name)
+    except UnsafeTargetError as exc:
+        raise UserError(f"{option} {exc}") from None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot create files there ({exc.strerror or exc})") from None
+    _try_creating_a_file(path, f"{option} {path}")
+    return path
+
+
+def _try_creating_a_file(folder: Path, label: str) -> None:
+    """Create and remove a probe file in ``folder`` (or its first existing ancestor): the rules cannot
+    see everything (a read-only or special file system), so writing is tried, not assumed."""
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"--out {path}: {existing} is a file, not a directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".rlgauge-write-check.", dir=existing)
     except OSError as exc:
-        raise UserError(f"--out {path}: cannot create files in {existing} ({exc.strerror})") from None
+        raise UserError(f"{label}: cannot create files in {existing} ({exc.strerror or exc})") from None
     os.close(fd)
     os.unlink(probe)
-
-
-def check_output_dir(path: Path, option: str = "--out") -> Path:
-    """Create the output folder ``path`` (or accept an existing one) and check files can be written there."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{option} {path}: is a file; give a folder for the outputs")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".rlgauge-write-check.", dir=path)
-    except OSError as exc:
-        raise UserError(f"{option} {path}: cannot create files there ({exc.strerror or exc})") from None
-    os.close(fd)
-    os.unlink(probe)
-    return path

@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -19,12 +20,14 @@ import torch
 from reference_trainers import NonFiniteError, Trainer, build_trainer
 from reference_trainers.common import device as dev
 from reference_trainers.common import distributed
-from reference_trainers.common.config import to_plain_dict
+from reference_trainers.common.config import ConfigError, to_plain_dict
 from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
 
 from . import metrics, quality
 from .checkpoints import Checkpointing
+from .errors import UserError
 from .machine_state import OthersMeter, Snapshot, free_cores
+from .own_trainer import OwnConfig, resolve_own
 from .presets import VariantSpec
 from .progress import RunProgress
 from .provenance import git_info, machine_info
@@ -106,8 +109,13 @@ class _Clock:
 
 
 def resolve_specs(specs: list[VariantSpec]) -> list[Resolution]:
-    """Resolve every variant before anything runs, so a bad flag fails fast."""
-    return [resolve_config(spec.config) for spec in specs]
+    """Resolve every variant before anything runs, so a bad flag fails fast (a user's trainer: its device)."""
+    return [resolve_own(spec.config) if isinstance(spec.config, OwnConfig) else resolve_config(spec.config)
+            for spec in specs]
+
+
+def _plain_config(config: Any) -> dict[str, Any]:
+    return config.plain() if isinstance(config, OwnConfig) else to_plain_dict(config)
 
 
 class _Run:
@@ -156,6 +164,9 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     for live in lives:
         if live.spec.build is None:
             say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
+        elif isinstance(live.spec.config, OwnConfig):
+            settings = " ".join(f"{k}={v}" for k, v in live.spec.config.settings.items()) or "(its defaults)"
+            say(f"{live.spec.variant}: your trainer {live.spec.config.trainer} on {live.resolution.device}: {settings}")
         else:
             say(f"{live.spec.variant}: peer trainer, matched from the {live.resolution.config.env.id} config; "
                 f"process settings: threads={live.resolution.config.optimizations.torch_threads or 'default'}")
@@ -227,7 +238,8 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
     clock = _Clock()
     try:
         live.trainer = (live.spec.build or build_trainer)(live.resolution, probe=live.probe)
-        live.torch_threads = live.resolution.config.optimizations.torch_threads or dev.default_threads()
+        live.torch_threads = (getattr(live.trainer, "torch_threads", None)  # a user's trainer: what its factory left
+                              or live.resolution.config.optimizations.torch_threads or dev.default_threads())
         if resumed is not None:
             live.trainer.load_state_dict(resumed["trainer"])
             live.restore_progress(resumed["progress"])
@@ -245,6 +257,8 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
                 live.warmup_s += clock.lap()[0]
                 run.save(finished=False)
                 clock.lap()  # saving is not warm-up
+    except (UserError, ConfigError):  # a user's trainer that breaks the contract: bad input, exit 2
+        raise
     except Exception as exc:  # the trainer failed: record it, keep the other variants going
         _failed(live, exc)
     dev.synchronize(live.resolution.device)
@@ -253,8 +267,10 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
 
 def _failed(live: _Live, exc: Exception) -> None:
     live.status = "failed"
-    live.error = str(exc) if isinstance(exc, NonFiniteError) else f"{type(exc).__name__}: {exc}"
-    log.error("%s %s failed: %s", live.spec.preset, live.spec.variant, live.error)
+    live.error = str(exc) if isinstance(exc, NonFiniteError) else f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    own = f" (your trainer {live.spec.config.trainer})" if isinstance(live.spec.config, OwnConfig) else ""
+    log.debug("%s %s: the failure's traceback", live.spec.preset, live.spec.variant, exc_info=exc)  # --debug
+    log.error("%s %s%s failed: %s", live.spec.preset, live.spec.variant, own, live.error)
 
 
 def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
@@ -293,6 +309,8 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
                 clock.lap()  # saving is not timed
                 live.probe.enabled = True
         dev.synchronize(live.resolution.device)
+    except (UserError, ConfigError):
+        raise
     except Exception as exc:
         _failed(live, exc)
         return
@@ -314,19 +332,22 @@ def _latency_and_sentinels(live: _Live) -> None:
     """Inference latency of one batched action selection, then one checked iteration."""
     trainer, device = live.trainer, live.resolution.device
     trainer.activate()
-    obs = np.array(trainer.next_obs, copy=True)
-    seconds = []
-    for _ in range(live.resolution.config.run.latency_samples):
-        start = time.perf_counter()
-        trainer.select_actions(obs)
-        dev.synchronize(device)
-        seconds.append(time.perf_counter() - start)
-    live.latency = metrics.latency_percentiles(seconds)
+    if getattr(trainer, "measures_latency", True):  # a user's trainer has no select_actions to time
+        obs = np.array(trainer.next_obs, copy=True)
+        seconds = []
+        for _ in range(live.resolution.config.run.latency_samples):
+            start = time.perf_counter()
+            trainer.select_actions(obs)
+            dev.synchronize(device)
+            seconds.append(time.perf_counter() - start)
+        live.latency = metrics.latency_percentiles(seconds)
 
     syncs, wide = HostSyncCounter(device), Float64Sentinel()
     try:
         with syncs.active(), wide:
             done = trainer.iterate()
+    except (UserError, ConfigError):
+        raise
     except Exception as exc:
         _failed(live, exc)
         return
@@ -383,9 +404,9 @@ def _result(live: _Live) -> RunResult:
     return RunResult(
         preset=live.spec.preset, variant=live.spec.variant, algo=cfg.algo, status=status,
         started_at=live.started_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        git=git_info(), machine={**machine_info(live.resolution.device), "torch_threads": live.torch_threads,
+        git=git_info(Path.cwd()) if isinstance(cfg, OwnConfig) else git_info(), machine={**machine_info(live.resolution.device), "torch_threads": live.torch_threads,
                                   "world_size": distributed.world_size()},
-        config=to_plain_dict(cfg),
+        config=_plain_config(cfg),
         metrics=metrics_block, stability=stability, resolution=dict(live.resolution.reasons),
         steps_completed=live.timed_steps, error=live.error,
         machine_state=state, quality=quality.assess(state, live.env_rates) if measured else None,

@@ -4,7 +4,9 @@ The append holds a ``filelock`` lock beside the file, reads it, checks that it e
 rlgauge's table, writes old content + new rows to a temporary file in the same folder,
 fsyncs it and renames it over RUNS.md. Readers see the old file or the new one, never half
 of one; parallel records queue on the lock and lose no row; earlier rows are kept byte for
-byte (checked before the rename).
+byte (checked before the rename) and new rows take the file's own line ending (CRLF stays
+CRLF). The file is written as ``atomic_file`` allows: a symlink's target, never a FIFO,
+directory or read-only file.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from reference_trainers.common.atomic_file import write_text_atomically
+from reference_trainers.common.atomic_file import UnsafeTargetError, check_target, write_text_atomically
 
 from .compare import Ratio, independent_ratio, paired_ratio, rate_samples
 from .errors import UserError
@@ -206,36 +208,60 @@ def table_end(text: str, path: Path) -> str | None:
 
 
 def append_rows(path: Path, rows: list[str], *, lock_timeout: float = LOCK_TIMEOUT_S) -> None:
-    """Append ``rows`` to the table of ``path`` (created with its header if missing), locked and atomic."""
+    """Append ``rows`` to the table of ``path`` (created with its header if missing), locked and atomic.
+
+    A symlinked RUNS.md is followed (its target gets the rows; the lock lies beside the target); a
+    RUNS.md that is not a regular file, or is read-only, is refused before anything is read."""
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory; give the RUNS.md file")
-    if not path.parent.is_dir():
-        raise UserError(f"{path}: folder {path.parent} does not exist")
-    lock = FileLock(f"{path}.lock", timeout=lock_timeout)
+    try:
+        real = check_target(path)
+    except UnsafeTargetError as exc:
+        raise UserError(str(exc)) from None
+    if not real.parent.is_dir():
+        raise UserError(f"{path}: folder {real.parent} does not exist")
+    lock = FileLock(f"{real}.lock", timeout=lock_timeout)
     try:
         with lock:
-            _append_locked(path, rows)
+            _append_locked(path, real, rows)
     except Timeout:
         raise UserError(f"{path}: still locked by another 'rlgauge record' after {lock_timeout:g} s "
-                        f"(lock file {path}.lock)") from None
+                        f"(lock file {real}.lock)") from None
 
 
-def _append_locked(path: Path, rows: list[str]) -> None:
+def line_ending(text: str) -> str:
+    """The file's line ending, CRLF or LF: that of its last line break (LF when it has none)."""
+    last = text.rfind("\n")
+    return "\r\n" if last > 0 and text[last - 1] == "\r" else "\n"
+
+
+def appended_text(old: str | None, rows: list[str], path: Path) -> tuple[str, int]:
+    """The new file text and how many of its leading characters are ``old``'s, unchanged (pure).
+
+    Everything up to the end of the last non-blank line is kept byte for byte; trailing blank lines
+    go (the rows must follow the table); new lines use the file's own line ending."""
+    if old is None or not old.strip():
+        eol = "\n" if old is None else line_ending(old)
+        return (new_file_text() + "".join(row + "\n" for row in rows)).replace("\n", eol), 0
+    eol = line_ending(old)
+    end = table_end(old.replace("\r\n", "\n"), path)  # parsed without the \r; raises for a broken table
+    kept = "\n".join(_trim_blank_tail(old.split("\n")))  # the last kept line without its line break
+    base = kept + ("\n" if kept.endswith("\r") else eol)  # the last line's own ending, or the file's
+    if end is None:
+        base += f"\n{EXPLANATION}\n{HEADER}\n{SEPARATOR}\n".replace("\n", eol)
+    return base + "".join(row + eol for row in rows), len(kept)
+
+
+def _append_locked(path: Path, real: Path, rows: list[str]) -> None:
     try:
-        old = path.read_text(encoding="utf-8") if path.exists() else None
+        old = real.read_bytes().decode("utf-8") if real.exists() else None  # bytes: no newline translation
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
-    if old is None or not old.strip():
-        base = new_file_text()
-    else:
-        end = table_end(old, path)
-        kept = "\n".join(_trim_blank_tail(old.split("\n")))
-        base = end if end is not None else kept + f"\n\n{EXPLANATION}\n{HEADER}\n{SEPARATOR}\n"
-        if not base.startswith(kept):  # the promise to the reader: earlier content is never rewritten
-            raise RuntimeError(f"{path}: appending would rewrite earlier content; nothing written")
-    new = base + "".join(row + "\n" for row in rows)
+    new, kept = appended_text(old, rows, path)
+    if old is not None and new[:kept] != old[:kept]:  # the promise to the reader: earlier content is never rewritten
+        raise RuntimeError(f"{path}: appending would rewrite earlier content; nothing written")
     try:
-        write_text_atomically(path, new)
+        write_text_atomically(real, new, make_folder=False)
+    except UnsafeTargetError as exc:
+        raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None

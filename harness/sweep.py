@@ -6,6 +6,9 @@ The first ``--param`` is the x axis of the plot; a second one makes a grid, with
 per value of the second. Every point is built once and measured interleaved with the
 others, repeat by repeat, so the points' ratios to the first point are paired.
 
+A sweep of more than ``run_size.MAX_RUNS`` points (or env steps) runs only with ``--yes``; a grid
+too big for that is refused before its points are built (``extrapolated_size``).
+
 A grid's pivot names the fastest value of each row only with ``power.MIN_REPEATS`` repeats,
 and says how it compares with the next fastest (paired ratio, verdict, resolution); with
 fewer repeats it says "no verdict".
@@ -14,6 +17,7 @@ fewer repeats it says "no verdict".
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,7 @@ from .compare import Ratio, paired_ratio
 from .errors import UserError
 from .presets import specs_for
 from .results import RunResult
+from .run_size import Size, run_env_steps
 from .runner import VariantSpec, resolve_specs
 
 SWEEP_DEFAULT_STEPS = 8192
@@ -93,6 +98,18 @@ def sweep_specs(target: str, variant: str, params: list[Param], overrides: list[
         spec.variant = ", ".join(sets)
         specs.append(spec)
     return specs
+
+
+def grid_size(params: list[Param]) -> int:
+    """Points of the grid (runs of the sweep)."""
+    return math.prod(len(p.values) for p in params)
+
+
+def extrapolated_size(target: str, variant: str, params: list[Param], overrides: list[str]) -> Size:
+    """The sweep's size from its first point alone (a grid too big to build every spec of first)."""
+    (first,) = sweep_specs(target, variant, [Param(p.key, p.values[:1]) for p in params], overrides)
+    count = grid_size(params)
+    return Size(count, count * run_env_steps(first.config), exact=False)
 
 
 @dataclass(frozen=True)

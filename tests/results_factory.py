@@ -41,13 +41,14 @@ def make_result(variant: str = "optimized", samples: list[float] | None = None, 
     passed = status == "ok" and not float64_ops and not nonfinite_events
     cpu = [1000.0 / s for s in samples] if cpu_samples is None else cpu_samples
     quality = None if old or not measured else {"trustworthy": not untrustworthy, "reasons": list(untrustworthy or [])}
+    steps = min(4096, max(1, steps_completed // max(1, len(samples))))  # repeats x steps <= steps_completed, as run
     run = RunResult(
         preset=preset, variant=variant, algo="ppo", status=status, started_at="2026-01-02T03:04:05+00:00",
         git={"commit": commit, "dirty": dirty},
         machine={"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "torch": "2.13.0+cpu", "device": device,
                  "device_name": "x86_64"},
         config={"device": device, "seed": 1, "env": {"id": "CartPole-v1", "num_envs": 16},
-                "run": {"warmup_steps": warmup_steps, "steps": 4096, "repeats": len(samples)}},
+                "run": {"warmup_steps": warmup_steps, "steps": steps, "repeats": len(samples)}},
         metrics={
             "env_steps_per_sec": rate_block(samples) if measured else None,
             "agent_steps_per_sec": rate_block(samples) if measured else None,

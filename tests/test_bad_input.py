@@ -11,6 +11,8 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -360,3 +362,346 @@ def test_random_yaml_files_give_a_config_or_one_line_error(document: str) -> Non
 @given(overrides=st.lists(_set_strings, min_size=1, max_size=4))
 def test_random_set_strings_give_a_config_or_one_line_error(overrides: list[str]) -> None:
     _assert_clean(*_config(["config", PRESET, *[arg for item in overrides for arg in ("--set", item)]]))
+
+
+# --------------------------------------------------------------------------- top-level options: --version, --debug, RLGAUGE_DEBUG
+# (issue 18, CLI polish) Each case: (environment, argv builder, needle); checked as CASES are.
+
+TOP_LEVEL_CASES: dict[str, tuple[dict[str, str], Callable[[Workspace], list[str]], str]] = {
+    "RLGAUGE_DEBUG=maybe": ({"RLGAUGE_DEBUG": "maybe"}, lambda w: ["presets"], "accepted: 1 or true"),
+    "RLGAUGE_DEBUG=2 before a run": ({"RLGAUGE_DEBUG": "2"}, lambda w: w.run(PRESET), "RLGAUGE_DEBUG='2'"),
+    "RLGAUGE_DEBUG=yes before record": ({"RLGAUGE_DEBUG": "yes"},
+                                        lambda w: ["record", "--milestone", "m", str(w.good)], "RLGAUGE_DEBUG"),
+    "--version with a value": ({}, lambda w: ["--version=3"], "ignored explicit argument"),
+    "--debug with a value": ({}, lambda w: ["--debug=1", "presets"], "ignored explicit argument"),
+    "run --debug with a value": ({}, lambda w: [*w.run(PRESET), "--debug=yes"], "ignored explicit argument"),
+    "--debug without a command": ({}, lambda w: ["--debug"], "required"),
+}
+
+
+@pytest.mark.parametrize("case", list(TOP_LEVEL_CASES))
+def test_bad_top_level_options_exit_2_with_one_line(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLGAUGE_DEBUG", raising=False)
+    env, build, needle = TOP_LEVEL_CASES[case]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = build(Workspace(tmp_path))
+    before = _snapshot(tmp_path)
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+
+    assert code == 2, out + err
+    assert len(err.splitlines()) == 1 and err.startswith("rlgauge: error: ") and needle in err, err
+    assert "Traceback" not in out + err and out == ""
+    assert _snapshot(tmp_path) == before  # nothing changed, nothing new
+
+
+# --------------------------------------------------------------------------- config input holes (issue 18)
+# Unsupported spaces, duplicate YAML keys, strict types, empty configs, unreadable checkpoints and
+# the standalone trainers' step budget: each is one line and exit 2 before anything runs.
+
+def _torch_file(payload: object, keep: float = 1.0) -> bytes:
+    """``torch.save(payload)`` as bytes, cut to the first ``keep`` share of them."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    return data[:int(len(data) * keep)]
+
+
+_CHECKPOINT = {"format": "rlgauge-checkpoint", "version": 1, "kind": "run", "weights": list(range(1000))}
+
+INPUT_HOLE_CASES: dict[str, tuple[Callable[[Workspace], list[str]], str]] = {
+    # ----- observation and action spaces the trainers cannot take
+    "config: env with Tuple observations": (lambda w: ["config", PRESET, "--set", "env.id=Blackjack-v1"],
+                                            "env.id: 'Blackjack-v1' has observation space Tuple("),
+    "run: env with Tuple observations": (lambda w: w.run(PRESET, "--set", "env.id=Blackjack-v1"),
+                                         "accepted: an env with Box observations"),
+    "config: DQN on Tuple observations": (lambda w: ["config", "dqn-cartpole", "--set", "env.id=Blackjack-v1"],
+                                          "observation space Tuple("),
+    # ----- duplicate keys
+    "config: duplicate YAML key": (lambda w: ["config", w.text("c.yaml", "env:\n  id: CartPole-v1\n  id: Acrobot-v1\n")],
+                                   "duplicate key 'id' at lines 2 and 3"),
+    "run: duplicate key in a preset file": (lambda w: w.run(w.text(
+        "p.yaml", "config: {algo: ppo}\nvariants: {baseline: {}}\nconfig: {algo: dqn}\n")),
+        "duplicate key 'config' at lines 1 and 3"),
+    # ----- strict types: no string becomes a number or a switch
+    "config: quoted count": (lambda w: ["config", w.text("c.yaml", 'env: {num_envs: "16"}\n')],
+                             "env.num_envs: invalid value '16': expected an integer"),
+    "run: quoted switch": (lambda w: w.run(w.text("c.yaml", 'ppo: {anneal_lr: "yes"}\n')),
+                           "ppo.anneal_lr: invalid value 'yes': expected a boolean"),
+    "config: quoted flag": (lambda w: ["config", w.text("c.yaml", 'optimizations: {num_workers: "1"}\n')],
+                            "optimizations.num_workers"),
+    "config: quoted bool-or-auto flag": (lambda w: ["config", w.text("c.yaml", 'optimizations: {amp: "false"}\n')],
+                                         "expected true, false or 'auto'"),
+    "config: quoted tuning": (lambda w: ["config", w.text("c.yaml", 'tuning: {noise_block_steps: "256"}\n')],
+                              "tuning.noise_block_steps"),
+    "config: float for a count": (lambda w: ["config", w.text("c.yaml", "run: {repeats: 3.0}\n")], "run.repeats"),
+    # ----- configs that say nothing
+    "run: empty YAML file": (lambda w: w.run(w.text("c.yaml", "")), "is empty"),
+    "config: YAML of comments only": (lambda w: ["config", w.text("c.yaml", "# to do\n")], "is empty"),
+    "run: preset file without config": (lambda w: w.run(w.text(
+        "p.yaml", "description: d\nvariants: {baseline: {}, optimized: {}}\n")), "needs config:"),
+    # ----- checkpoints that cannot be read
+    "run: --resume junk": (lambda w: w.run(PRESET, "--resume", w.text("c.pt", b"\x00garbage")),
+                           "not a readable checkpoint"),
+    "run: --resume a truncated checkpoint": (lambda w: w.run(PRESET, "--resume",
+                                                             w.text("c.pt", _torch_file(_CHECKPOINT, 0.6))), "truncated"),
+    "run: --resume a checkpoint holding Python objects": (lambda w: w.run(PRESET, "--resume", w.text(
+        "c.pt", _torch_file({**_CHECKPOINT, "evil": Path("x")}))), "not made by rlgauge"),
+}
+
+
+@pytest.mark.parametrize("case", list(INPUT_HOLE_CASES))
+def test_input_holes_exit_2_with_one_line_before_anything_runs(case: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    build, needle = INPUT_HOLE_CASES[case]
+    argv = build(Workspace(tmp_path))
+    before = _snapshot(tmp_path)
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+
+    assert code == 2, out + err
+    assert len(err.splitlines()) == 1 and err.startswith("rlgauge: error: ") and needle in err, err
+    assert "Traceback" not in out + err and out == ""
+    assert "weights_only" not in err  # never the advice to unpickle an untrusted file
+    after = _snapshot(tmp_path)
+    assert {p: h for p, h in after.items() if p in before} == before
+    assert [p.name for p in after if p not in before and p.suffix != ".lock"] == []
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "iqn"])
+@pytest.mark.parametrize("steps", ["-1", "0", "ten"])
+def test_standalone_trainer_step_budget_below_1_is_an_argparse_error(algo: str, steps: str, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    config = tmp_path / "c.yaml"
+    config.write_text("env: {id: CartPole-v1}\n", encoding="utf-8")
+    module = importlib.import_module(f"reference_trainers.{algo}")
+    with pytest.raises(SystemExit) as info:
+        module.main(["--config", str(config), "--steps", steps])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == ""
+    assert "argument --steps" in err.splitlines()[-1] and "accepted: an integer >= 1" in err, err
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- output targets never destroyed (issue 18)
+# FIFOs, symlinks, read-only files and folders, and directories as the targets of run --out,
+# gate --out, record --runs-md, the folders of matrix/ablate/sweep/calibrate and --checkpoint-dir:
+# each is refused before anything runs (exit 2, one line) and every entry is left exactly as it
+# was (a FIFO still a FIFO, a link still the same link, each file's bytes and mode). Never /dev/*.
+
+def _fifo(w: Workspace, name: str) -> str:
+    path = w.root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    return str(path)
+
+
+def _read_only(w: Workspace, name: str, content: bytes = b"kept\n") -> str:
+    path = w.root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    path.chmod(0o444)
+    return str(path)
+
+
+def _link(w: Workspace, name: str, target: str) -> str:
+    path = w.root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+    return str(path)
+
+
+def _folder(w: Workspace, name: str, mode: int = 0o755) -> str:
+    path = w.root / name
+    path.mkdir(parents=True)
+    path.chmod(mode)
+    return str(path)
+
+
+def _parent(path: str) -> str:
+    """The folder holding ``path`` (the output folder a case's bad entry lies in)."""
+    return str(Path(path).parent)
+
+
+def _small(command: str, *more: str) -> list[str]:
+    return [command, PRESET, "--set", "device=cpu", "--steps", "64", *more]
+
+
+def _record(w: Workspace, runs_md: str) -> list[str]:
+    return ["record", "--milestone", "m", str(w.good), "--runs-md", runs_md]
+
+
+def _matrix(out: str) -> list[str]:
+    return ["matrix", "--presets", PRESET, "--set", "device=cpu", "--out", out]
+
+
+def _checkpoints(folder: str) -> list[str]:
+    return _small("run", "--checkpoint-every", "32", "--checkpoint-dir", folder)
+
+
+_CKPT = f"ck/{PRESET}.ckpt.pt"
+_CRLF_RUNS_MD = new_file_text().replace("\n", "\r\n").encode("utf-8")
+
+UNSAFE_TARGET_CASES: dict[str, tuple[Callable[[Workspace], list[str]], str]] = {
+    # ----- run / gate --out
+    "run: --out is a FIFO": (lambda w: _small("run", "--out", _fifo(w, "r.json")), "r.json: is a FIFO"),
+    "run: --out is read-only": (lambda w: _small("run", "--out", _read_only(w, "r.json")), "is read-only"),
+    "run: --out links to a read-only file": (lambda w: _small("run", "--out", _link(
+        w, "r.json", _read_only(w, "real.json"))), "r.json: is read-only"),
+    "run: --out links to a FIFO": (lambda w: _small("run", "--out", _link(w, "r.json", _fifo(w, "p"))), "is a FIFO"),
+    "run: --out below a FIFO": (lambda w: _small("run", "--out", _fifo(w, "p") + "/r.json"),
+                                "is a FIFO (named pipe), not a directory"),
+    "run: --out in a read-only folder": (lambda w: _small("run", "--out", _folder(w, "ro", 0o555) + "/r.json"),
+                                         "not writable"),
+    "gate: --out is a FIFO": (lambda w: ["gate", "--run", PRESET, "--set", "device=cpu", "--steps", "64",
+                                         "--repeats", "3", "--out", _fifo(w, "r.json")], "is a FIFO"),
+    # ----- record --runs-md
+    "record: RUNS.md is a FIFO": (lambda w: _record(w, _fifo(w, "R.md")), "R.md: is a FIFO"),
+    "record: RUNS.md is read-only": (lambda w: _record(w, _read_only(w, "R.md", new_file_text().encode())),
+                                     "is read-only"),
+    "record: read-only CRLF RUNS.md": (lambda w: _record(w, _read_only(w, "R.md", _CRLF_RUNS_MD)), "is read-only"),
+    "record: RUNS.md links to a read-only file": (lambda w: _record(w, _link(w, "R.md", _read_only(w, "docs/RUNS.md"))),
+                                                  "R.md: is read-only"),
+    "record: RUNS.md links to a FIFO": (lambda w: _record(w, _link(w, "R.md", _fifo(w, "p"))), "is a FIFO"),
+    # ----- output folders, and the files the command would write in them
+    "matrix: --out is a FIFO": (lambda w: _matrix(_fifo(w, "m")), "is a FIFO (named pipe); give a folder"),
+    "matrix: --out is a file": (lambda w: _matrix(str(w.out)), "is a file; give a folder"),
+    "matrix: --out links to a FIFO": (lambda w: _matrix(_link(w, "m", _fifo(w, "p"))), "is a FIFO"),
+    "matrix: report.html is a FIFO": (lambda w: _matrix(_parent(_fifo(w, "m/report.html"))), "report.html: is a FIFO"),
+    "matrix: runs.json is a folder": (lambda w: _matrix(_parent(_folder(w, "m/runs.json"))),
+                                      "runs.json: is a directory"),
+    "matrix: runs.json is read-only": (lambda w: _matrix(_parent(_read_only(w, "m/runs.json"))), "is read-only"),
+    "matrix: --out folder is read-only": (lambda w: _matrix(_folder(w, "m", 0o555)), "not writable"),
+    "ablate: --out is a FIFO": (lambda w: ["ablate", PRESET, "--set", "device=cpu", "--out", _fifo(w, "a")],
+                                "is a FIFO"),
+    "ablate: ablation.png is a FIFO": (lambda w: ["ablate", PRESET, "--set", "device=cpu", "--out",
+                                                  _parent(_fifo(w, "a/ablation.png"))], "ablation.png: is a FIFO"),
+    "sweep: sweep.json is read-only": (lambda w: ["sweep", PRESET, "--param", "env.num_envs=2,4", "--set", "device=cpu",
+                                                  "--out", _parent(_read_only(w, "s/sweep.json"))],
+                                       "sweep.json: is read-only"),
+    "calibrate: --out is a FIFO": (lambda w: ["calibrate", PRESET, "--set", "device=cpu", "--out", _fifo(w, "c")],
+                                   "is a FIFO"),
+    # ----- --checkpoint-dir and the checkpoint file in it
+    "run: --checkpoint-dir is a FIFO": (lambda w: _checkpoints(_fifo(w, "ck")),
+                                        "is a FIFO (named pipe), not a directory"),
+    "run: --checkpoint-dir is a file": (lambda w: _checkpoints(str(w.out)), "is a file, not a directory"),
+    "run: --checkpoint-dir is read-only": (lambda w: _checkpoints(_folder(w, "ck", 0o555)), "not writable"),
+    "run: the checkpoint file is a folder": (lambda w: _checkpoints(_parent(_folder(w, _CKPT))), "is a directory"),
+    "run: the checkpoint file is read-only": (lambda w: _checkpoints(_parent(_read_only(w, _CKPT))),
+                                              "ckpt.pt: is read-only"),
+    "run: the checkpoint file links to a FIFO": (lambda w: _checkpoints(_parent(_link(w, _CKPT, _fifo(w, "p")))),
+                                                 "is a FIFO"),
+}
+
+
+def _entries(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every entry below ``root`` (links not followed): its kind, mode, and bytes' hash or link target."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            what = "-> " + os.readlink(path)
+        elif stat.S_ISREG(st.st_mode):
+            what = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            what = ""
+        out[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), what)
+    return out
+
+
+@pytest.mark.parametrize("case", list(UNSAFE_TARGET_CASES))
+def test_unsafe_output_targets_exit_2_and_are_left_as_they_were(case: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    build, needle = UNSAFE_TARGET_CASES[case]
+    argv = build(Workspace(tmp_path))
+    before = _entries(tmp_path)
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+
+    assert code == 2, out + err
+    assert len(err.splitlines()) == 1 and err.startswith("rlgauge: error: ") and needle in err, err
+    assert "Traceback" not in out + err and out == ""
+    assert _entries(tmp_path) == before  # every file, FIFO, link and folder as it was; nothing new
+
+
+# --------------------------------------------------------------------------- analysis input holes (issue 18)
+# Result files that contradict themselves, gates across different setups, and sweeps or matrices
+# above the size limit: each is one line and exit 2, nothing written.
+
+def _rate(samples: list[float], **block: float) -> dict[str, Any]:
+    return {"median": sorted(samples)[len(samples) // 2], "min": min(samples), "max": max(samples),
+            "samples": samples, **block}
+
+
+def _gate_against(w: Workspace, edit: Callable[[dict[str, Any]], Any]) -> list[str]:
+    return ["gate", "--baseline", str(w.good), "--candidate", w.result("c.json", edit)]
+
+
+_VALUES = lambda n: ",".join(str(i) for i in range(1, n + 1))  # noqa: E731
+
+ANALYSIS_CASES: dict[str, tuple[Callable[[Workspace], list[str]], str]] = {
+    # ----- a result file that contradicts itself
+    "compare: fewer samples than repeats": (lambda w: ["compare", w.result("r.json", _edit(
+        0, "metrics.env_steps_per_sec", _rate([1000.0, 1010.0])))],
+        "r.json run 0: metrics.env_steps_per_sec.samples: 2 samples, but config.run.repeats is 3"),
+    "gate: min above max": (lambda w: _gate_against(w, _edit(1, "metrics.env_steps_per_sec", _rate(
+        [1000.0], min=1100.0, max=900.0))), "c.json run 1: metrics.env_steps_per_sec: min 1100 is greater than max 900"),
+    "record: a sample outside its own min-max": (lambda w: ["record", "--milestone", "m", w.result("r.json", _edit(
+        0, "metrics.updates_per_sec", _rate([4.0, 3.9], max=4.0) | {"samples": [4.0, 3.9, 40.0]}))],
+        "metrics.updates_per_sec: sample 40 lies outside its own [min, max]"),
+    "compare: fewer timed steps than repeats x steps": (lambda w: ["compare", w.result("r.json", _edit(
+        1, "steps_completed", 100))], "r.json run 1: steps_completed: 100 timed env steps, fewer than"),
+    "gate: trustworthy with reasons": (lambda w: _gate_against(w, _edit(1, "quality", {
+        "trustworthy": True, "reasons": ["other processes took 60 %"]})), "c.json run 1: quality: trustworthy is true"),
+    "record: untrustworthy without a reason": (lambda w: ["record", "--milestone", "m", w.result("r.json", _edit(
+        0, "quality", {"trustworthy": False, "reasons": []}))], "quality: trustworthy is false but no reason"),
+    # ----- gates across different setups
+    "gate: another env": (lambda w: _gate_against(w, _edit(1, "config.env.id", "Acrobot-v1")),
+                          "differ in setup: env.id CartPole-v1 vs Acrobot-v1"),
+    "gate: another algorithm": (lambda w: _gate_against(w, _edit(1, "algo", "dqn")), "differ in setup: algo ppo vs dqn"),
+    "gate: another number of envs": (lambda w: _gate_against(w, _edit(1, "config.env.num_envs", 4)),
+                                     "env.num_envs 16 vs 4 (accepted: runs of the same algorithm, env and batch shape"),
+    # ----- sweeps and matrices above the size limit
+    "sweep: a 201 x 50 grid": (lambda w: ["sweep", PRESET, "--param", f"seed={_VALUES(201)}", "--param",
+                                          f"env.num_envs={_VALUES(50)}", "--set", "device=cpu"],
+                               "sweep: 10,050 runs of about"),
+    "sweep: 51 points": (lambda w: ["sweep", PRESET, "--param", f"seed={_VALUES(51)}", "--set", "device=cpu"],
+                         "more than the 50 runs it takes without --yes: pass --yes"),
+    "sweep: too many env steps": (lambda w: ["sweep", PRESET, "--param", "env.num_envs=2,4", "--set", "device=cpu",
+                                             "--steps", str(10**7)], "more than the 20,000,000 env steps"),
+    "matrix: too many env steps": (lambda w: ["matrix", "--presets", PRESET, "--set", "device=cpu", "--steps",
+                                              str(10**7)], "matrix: 2 runs of 30,002,048 env steps each"),
+}
+
+
+@pytest.mark.parametrize("case", list(ANALYSIS_CASES))
+def test_analysis_input_holes_exit_2_with_one_line_and_write_nothing(case: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # sweep's and matrix's default output folders are the workspace's
+    build, needle = ANALYSIS_CASES[case]
+    argv = build(Workspace(tmp_path))
+    before = _snapshot(tmp_path)
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+
+    assert code == 2, out + err
+    assert len(err.splitlines()) == 1 and err.startswith("rlgauge: error: ") and needle in err, err
+    assert "Traceback" not in out + err and out == ""
+    assert _snapshot(tmp_path) == before  # nothing changed, nothing new
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []  # no output folder either

@@ -24,6 +24,7 @@ import yaml
 import reference_trainers.ppo as ppo_module
 from conftest import TINY
 from precision_state import float32_matmul_precision
+from harness import machine_state
 from harness.cli import main
 from reference_trainers.common import device as dev
 
@@ -72,6 +73,8 @@ def both_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     stdout, stderr = io.StringIO(), io.StringIO()
     capture.setattr(sys, "stdout", stdout)
     capture.setattr(sys, "stderr", stderr)
+    # module scope runs before conftest's per-test quiet-machine patch: a busy machine must not cap threads here
+    capture.setattr(machine_state, "busy_cores_now", lambda seconds=0.0: 0.0)
     try:
         code = main(["run", "ppo-cartpole", *TINY_ARGS, "--repeats", "2", "--seed", "7", "--out", str(out)])
     finally:

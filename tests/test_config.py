@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from reference_trainers.common.config import OptimizationsConfig, TrainConfig, build_config, to_plain_dict
+from reference_trainers.common.config import (OptimizationsConfig, TrainConfig, _accepted_scalars, build_config,
+                                              to_plain_dict)
 from reference_trainers.common.config_files import apply_overrides, deep_merge, parse_override, read_yaml
 from reference_trainers.common.errors import ConfigError
 
@@ -291,10 +292,45 @@ def test_read_yaml_non_mapping_top_level_is_rejected(tmp_path: Path, text: str, 
     assert_one_line(str(info.value), str(path), "mapping", kind)
 
 
-def test_read_yaml_empty_file_is_empty_mapping(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", ["", "\n  \n", "# nothing here\n", "---\n"])
+def test_read_yaml_empty_file_is_an_error_naming_the_file(tmp_path: Path, text: str) -> None:
     path = tmp_path / "empty.yaml"
-    path.write_text("# nothing here\n")
-    assert read_yaml(path) == {}
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        read_yaml(path)
+    assert_one_line(str(info.value), str(path), "empty", "expected a YAML mapping")
+
+
+def test_read_yaml_empty_section_still_means_its_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("optimizations:\nenv: {num_envs: 2}\n")
+    config = build_config(read_yaml(path))
+    assert config.optimizations == OptimizationsConfig() and config.env.num_envs == 2
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("env:\n  id: CartPole-v1\n  num_envs: 2\n  id: Acrobot-v1\n", "'id'", "2 and 4"),
+    ("seed: 1\nenv: {id: CartPole-v1}\nseed: 2\n", "'seed'", "1 and 3"),
+    ("env: {num_envs: 2, num_envs: 4}\n", "'num_envs'", "1 and 1"),
+    ("variants:\n  baseline: {}\n  baseline: {}\n", "'baseline'", "2 and 3"),
+])
+def test_read_yaml_duplicate_key_names_the_key_and_both_lines(tmp_path: Path, text: str, key: str, lines: str) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        read_yaml(path)
+    assert_one_line(str(info.value), str(path), f"duplicate key {key} at lines {lines}")
+
+
+def test_read_yaml_keeps_merge_keys_aliases_and_yaml12_floats(tmp_path: Path) -> None:
+    """A key beside a merge overrides the merged one (YAML's rule, not a duplicate); the same key in
+    two different mappings is no duplicate either."""
+    path = tmp_path / "ok.yaml"
+    path.write_text("base: &b {num_envs: 2, id: CartPole-v1}\nenv:\n  <<: *b\n  num_envs: 4\n"
+                    "ppo: {learning_rate: 1e-3}\ndqn: {learning_rate: 2.5E-4}\n")
+    data = read_yaml(path)
+    assert data["env"] == {"num_envs": 4, "id": "CartPole-v1"}
+    assert data["ppo"]["learning_rate"] == pytest.approx(1e-3) and isinstance(data["dqn"]["learning_rate"], float)
 
 
 def test_a_yaml_file_is_read_then_overrides_applied(tmp_path: Path) -> None:
@@ -386,3 +422,65 @@ def test_any_key_outside_the_schema_is_a_one_line_config_error(key_and_unknown: 
     message = str(info.value)
     assert_one_line(message, "unknown key", "accepted:")
     assert message.startswith(f"{unknown}:")
+
+
+
+# --------------------------------------------------------------------------- strict types
+
+def _strict_fields() -> list[tuple[str, str, object]]:
+    """(section, field, a string that lax validation would coerce) for every number or switch field
+    of every section, the generated ``optimizations`` and the ``tuning`` section included."""
+    sections = {"": TrainConfig, **_SECTIONS, "env.atari": _SECTIONS["env"].model_fields["atari"].annotation}
+    out = []
+    for section, model in sections.items():
+        for name, field in model.model_fields.items():
+            accepts = _accepted_scalars(field.annotation)
+            if "str" in accepts or not accepts & {"int", "float", "bool"}:
+                continue
+            text = "true" if "bool" in accepts else "1"
+            out.append((section, name, text))
+    return out
+
+
+def _nested(section: str, name: str, value: object) -> dict:
+    data: dict = {name: value}
+    for part in reversed(section.split(".") if section else []):
+        data = {part: data}
+    return data
+
+
+@pytest.mark.parametrize(("section", "name", "text"), _strict_fields(),
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_no_string_becomes_a_number_or_a_switch(section: str, name: str, text: str) -> None:
+    key = f"{section}.{name}" if section else name
+    message = config_error([], _nested(section, name, text))
+    assert_one_line(message, f"{key}: invalid value {text!r}: expected")
+    assert message.startswith(f"{key}:")
+
+
+def test_strict_type_errors_name_key_value_and_type() -> None:
+    assert_one_line(config_error([], {"env": {"num_envs": "16"}}),
+                    "env.num_envs: invalid value '16': expected an integer, not a string (write it without quotes)")
+    assert_one_line(config_error([], {"ppo": {"anneal_lr": "yes"}}),
+                    "ppo.anneal_lr: invalid value 'yes': expected a boolean (true or false), not a string")
+    assert_one_line(config_error([], {"stability": {"max_grad_norm": "0.5"}}),
+                    "stability.max_grad_norm: invalid value '0.5': expected a number or null, not a string")
+    assert_one_line(config_error([], {"optimizations": {"amp": "true"}}),
+                    "optimizations.amp: invalid value 'true': expected true, false or 'auto'")
+    assert_one_line(config_error([], {"optimizations": {"torch_threads": "2"}}), "optimizations.torch_threads", "'auto'")
+    assert_one_line(config_error([], {"optimizations": {"inference_batch_size": "4"}}),
+                    "optimizations.inference_batch_size: invalid value '4': expected an integer or null")
+    assert_one_line(config_error([], {"model": {"hidden_sizes": ["64", 64]}}), "model.hidden_sizes.0: invalid value '64'")
+    assert_one_line(config_error([], {"env": {"num_envs": 16.0}}), "env.num_envs: invalid value 16.0: expected an integer")
+
+
+def test_strict_types_keep_what_is_meant() -> None:
+    """An integer where a float is expected, ``auto``, null and ``--set`` values (read as YAML) all pass."""
+    config = build_config({"ppo": {"learning_rate": 1, "gamma": 1}, "stability": {"max_grad_norm": 1},
+                           "optimizations": {"amp": "auto", "torch_threads": "auto", "inference_batch_size": None},
+                           "tuning": {"noise_block_steps": 64}},
+                          ["env.num_envs=16", "ppo.anneal_lr=false", "optimizations.compile_model=auto", "seed=7"])
+    assert config.ppo.learning_rate == 1.0 and isinstance(config.ppo.learning_rate, float)
+    assert isinstance(config.stability.max_grad_norm, float)
+    assert config.env.num_envs == 16 and config.ppo.anneal_lr is False and config.seed == 7
+    assert config.optimizations.amp == "auto" and config.optimizations.compile_model == "auto"

@@ -154,7 +154,7 @@ FAKE_MAIN = textwrap.dedent('''\
     out = sys.argv[sys.argv.index("--out") + 1]
     with open(os.environ["FAKE_HARNESS_LOG"], "a") as log:
         log.write(os.path.abspath(__file__) + " " + os.path.abspath(reference_trainers.__file__) + "\\n")
-    RUN["metrics"]["env_steps_per_sec"] = {{"median": RATE, "min": RATE, "max": RATE, "samples": [RATE]}}
+    RUN["metrics"]["env_steps_per_sec"] = {{"median": RATE, "min": RATE, "max": RATE, "samples": [RATE] * 3}}
     if TRUSTWORTHY is not None:
         RUN["quality"] = {{"trustworthy": TRUSTWORTHY, "reasons": ["other processes took 70 % of the CPU"]}}
     json.dump({{"schema_version": 1, "runs": [RUN]}}, open(out, "w"))

@@ -9,7 +9,8 @@ import yaml
 
 from harness import cli
 from harness.gate import (GATES_FILE, Thresholds, check_quality, failed, gate_files, gate_variants, learning_checks,
-                          load_thresholds, remeasure_reason, stability_checks, trained_env_steps, underpowered)
+                          load_thresholds, remeasure_reason, setup_differences, stability_checks, trained_env_steps,
+                          underpowered)
 from harness.errors import UserError
 from results_factory import make_result, write_results
 
@@ -362,3 +363,93 @@ def test_gate_run_refuses_untrustworthy_measurements_unless_allowed(monkeypatch:
     _fake_measure(monkeypatch, _variants(2.5, untrustworthy=[SHARE]))
     code, _, err = run_cli(capsys, *GATE_RUN, "--allow-untrustworthy")
     assert code == 0 and "gate passed" in err
+
+
+# --------------------------------------------------------------------------- runs of a different setup are not compared
+
+def _setup(run: object, **dotted: object) -> object:
+    """``run`` with config keys set (``env__id="Acrobot-v1"`` sets ``env.id``)."""
+    for key, value in dotted.items():
+        node = run.config  # type: ignore[attr-defined]
+        *parents, last = key.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return run
+
+
+def test_setup_differences_name_algorithm_env_and_batch_keys_never_flags() -> None:
+    base = _setup(make_result(), ppo__num_steps=64, ppo__num_minibatches=4, ppo__learning_rate=2.5e-4,
+                  optimizations__batch_inference=False, env__vectorization="serial")
+    same_shape = _setup(make_result(), ppo__num_steps=64, ppo__num_minibatches=4, ppo__learning_rate=1e-3,
+                        optimizations__batch_inference=True, env__vectorization="native")
+    assert setup_differences(base.algo, base.config, same_shape.algo, same_shape.config) == []
+    other = _setup(make_result(), env__id="Acrobot-v1", env__num_envs=8, ppo__num_steps=128, ppo__num_minibatches=4)
+    assert setup_differences(base.algo, base.config, other.algo, other.config) == [
+        ("env.id", "CartPole-v1", "Acrobot-v1"), ("env.num_envs", 16, 8), ("ppo.num_steps", 64, 128)]
+    dqn = _setup(make_result(), dqn__batch_size=128)
+    dqn.algo = "dqn"
+    assert setup_differences(base.algo, base.config, dqn.algo, dqn.config) == [("algo", "ppo", "dqn")]
+    old = make_result()  # no ppo section recorded: a key missing on one side is not compared
+    assert setup_differences(base.algo, base.config, old.algo, old.config) == []
+
+
+def test_gate_files_refuses_a_different_env_or_batch_naming_keys_and_values(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_results(tmp_path / "a.json", make_result(samples=TIGHT))
+    cand = write_results(tmp_path / "b.json", _setup(make_result(samples=TIGHT), env__id="Acrobot-v1",
+                                                     env__num_envs=8))
+    before = cand.read_bytes()
+    code, out, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.strip() == (
+        f"rlgauge: error: gate: ppo-cartpole/optimized: --baseline {base} and --candidate {cand} differ in setup: "
+        "env.id CartPole-v1 vs Acrobot-v1, env.num_envs 16 vs 8 (accepted: runs of the same algorithm, env and "
+        "batch shape; --allow-config-mismatch to gate anyway)")
+    assert cand.read_bytes() == before
+
+
+def test_gate_files_with_allow_config_mismatch_gates_and_shows_the_mismatch(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_results(tmp_path / "a.json", make_result(samples=TIGHT))
+    cand = write_results(tmp_path / "b.json", _setup(make_result(samples=TIGHT), env__num_envs=8))
+    code, out, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand, "--allow-config-mismatch")
+    assert code == 0 and "gate passed" in err, out + err
+    assert ("rlgauge: warning: ppo-cartpole/optimized: setup differs: env.num_envs 16 vs 8; gated anyway "
+            "(--allow-config-mismatch)") in err
+    row = next(line for line in out.splitlines() if "setup (algo" in line)
+    assert "waived" in row and "FAIL" not in out
+
+
+def test_gate_files_passes_runs_that_differ_in_optimisation_flags_only(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_results(tmp_path / "a.json", _setup(make_result(samples=TIGHT), optimizations__amp=False))
+    cand = write_results(tmp_path / "b.json", _setup(make_result(samples=TIGHT), optimizations__amp=True,
+                                                     env__vectorization="native"))
+    code, out, err = run_cli(capsys, "gate", "--baseline", base, "--candidate", cand)
+    assert code == 0 and "gate passed" in err and "waived" not in out, out + err
+
+
+def test_gate_run_compares_only_setup_keys_of_its_two_variants(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The variants of one preset differ in optimisation flags by design: never a mismatch."""
+    runs = _variants(2.5)
+    _setup(runs[0], optimizations__batch_inference=False, env__vectorization="serial")
+    _setup(runs[1], optimizations__batch_inference=True, env__vectorization="native")
+    _fake_measure(monkeypatch, runs)
+    code, out, err = run_cli(capsys, *GATE_RUN)
+    assert code == 0 and "setup" not in err and "waived" not in out, out + err
+
+
+def test_gate_run_refuses_a_preset_file_whose_variants_differ_in_setup_before_measuring(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("config: {algo: ppo, env: {id: CartPole-v1, num_envs: 4}}\n"
+                      "variants: {baseline: {}, optimized: {env: {num_envs: 8}}}\n", encoding="utf-8")
+    calls = _fake_measure(monkeypatch, _variants(2.5))
+    code, out, err = run_cli(capsys, "gate", "--run", preset, "--device", "cpu", "--repeats", "5", "--quiet")
+    assert code == 2 and calls == [] and len(err.splitlines()) == 1, err
+    assert "gate: mine: baseline and optimized differ in setup: env.num_envs 4 vs 8" in err
+    code, out, err = run_cli(capsys, "gate", "--run", preset, "--device", "cpu", "--repeats", "5", "--quiet",
+                             "--allow-config-mismatch")
+    assert calls == [["baseline", "optimized"]]

@@ -101,3 +101,83 @@ def test_sweep_tiny_run_writes_table_json_and_plot(capsys: pytest.CaptureFixture
     assert all(len(p["env_steps_per_sec"]["samples"]) == 2 for p in data["points"])
     assert data["points"][0]["vs_first"]["median"] == 1.0
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --------------------------------------------------------------------------- the size limit (sweep and matrix)
+
+def _fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``run_variants`` that measures nothing: each spec gets a made-up result; returns the batch sizes."""
+    from harness import runner
+
+    calls: list[int] = []
+
+    def run_variants(specs: list, **_kwargs: object) -> tuple[list, bool]:
+        calls.append(len(specs))
+        return [make_result(spec.variant, [1000.0 + i, 1010.0 + i, 990.0 + i], preset=spec.preset)
+                for i, spec in enumerate(specs)], False
+
+    monkeypatch.setattr(runner, "run_variants", run_variants)
+    return calls
+
+
+def test_size_text_gives_runs_env_steps_and_a_time_estimate() -> None:
+    from harness.run_size import Size, duration
+
+    assert Size(10_050, 10_050 * 26_624, exact=False).text() == (
+        "10,050 runs of about 26,624 env steps each (267,571,200 in all, warm-up included): about 3.1 days "
+        "at 1,000 env steps/s")
+    assert [duration(s) for s in (0.2, 89, 600, 7200, 3 * 86400)] == ["1 s", "89 s", "10 min", "2.0 h", "3.0 days"]
+    assert not Size(50, 20_000_000).over_limit and Size(51, 1).over_limit and Size(1, 20_000_001).over_limit
+
+
+def test_sweep_above_the_limit_is_refused_before_anything_is_built(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    calls = _fake_runs(monkeypatch)
+    seeds = ",".join(str(i) for i in range(201))
+    code = main(["sweep", "ppo-cartpole", "--device", "cpu", "--param", f"seed={seeds}", "--param",
+                 "env.num_envs=" + ",".join(str(i) for i in range(1, 51)), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and calls == [] and not (tmp_path / "o").exists()
+    assert err == ("rlgauge: error: sweep: 10,050 runs of about 26,624 env steps each (267,571,200 in all, warm-up "
+                   "included): about 3.1 days at 1,000 env steps/s; that is more than the 50 runs it takes without "
+                   "--yes: pass --yes to run it, or measure less (fewer --param values, --steps or --repeats)\n")
+
+
+def test_sweep_above_the_limit_runs_with_yes_and_says_its_size(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    from harness import cli_analysis, run_size
+
+    monkeypatch.setattr(run_size, "MAX_RUNS", 3)  # a small grid above a small limit: fast
+    monkeypatch.setattr(cli_analysis, "MAX_RUNS", 3)
+    calls = _fake_runs(monkeypatch)
+    argv = ["sweep", "ppo-cartpole", "--device", "cpu", "--param", "seed=1,2,3,4", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2 and calls == []
+    assert "more than the 3 runs" in capsys.readouterr().err
+    assert main([*argv, "--yes"]) == 0 and calls == [4]
+    err = capsys.readouterr().err
+    assert "sweep: 4 runs of 26,624 env steps each (106,496 in all, warm-up included): about 2 min at 1,000 env " \
+           "steps/s (--yes given)" in err
+    assert json.loads((tmp_path / "o" / "sweep.json").read_text(encoding="utf-8"))["points"][3]["values"] == {"seed": "4"}
+
+
+def test_sweep_below_the_limit_says_nothing_of_its_size(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    calls = _fake_runs(monkeypatch)
+    assert main(["sweep", "ppo-cartpole", "--device", "cpu", "--param", "seed=1,2", "--out", str(tmp_path / "o")]) == 0
+    assert calls == [2] and "env steps each" not in capsys.readouterr().err
+
+
+def test_matrix_above_the_limit_runs_with_yes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    from harness import matrix, runner
+
+    calls = _fake_runs(monkeypatch)
+    monkeypatch.setattr(matrix, "run_variants", runner.run_variants)  # matrix imported it by name
+    argv = ["matrix", "--presets", "ppo-cartpole", "--device", "cpu", "--steps", str(10**7), "--out",
+            str(tmp_path / "m")]
+    assert main(argv) == 2 and calls == [] and not (tmp_path / "m").exists()
+    assert main([*argv, "--yes"]) == 0 and calls == [2]
+    assert "matrix: 2 runs of 30,002,048 env steps each" in capsys.readouterr().err
+    assert (tmp_path / "m" / "report.html").is_file()

@@ -12,7 +12,6 @@ What a trainer's state holds is ``trainer_state.Checkpointable``; what an env's 
 
 from __future__ import annotations
 
-import pickle
 import random
 import zipfile
 from pathlib import Path
@@ -90,7 +89,8 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -
 # --------------------------------------------------------------------------- files
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``."""
+    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path`` (a symlink's
+    target; ``atomic_file.UnsafeTargetError`` for a FIFO, directory or read-only file there)."""
     write_atomically(Path(path), lambda handle: torch.save(payload, handle))
 
 
@@ -101,14 +101,28 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint not found: {path}" if not path.exists() else f"checkpoint {path} is not a file")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint ({first[:200]})") from None
+    except Exception as exc:  # whatever an untrusted file makes torch.load raise, it is the file's fault
+        raise CheckpointError(f"{path}: not a readable checkpoint: {_why_unreadable(exc)}; accepted: a checkpoint "
+                              "file written by rlgauge") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an rlgauge checkpoint")
     if payload.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint version {payload.get('version')!r} is not supported; accepted: {VERSION}")
     return payload
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """Why ``torch.load`` refused a file, in a phrase of our own. torch's message runs to many lines
+    and advises loading with ``weights_only=False``, which would run any code an untrusted file holds:
+    it is never passed on."""
+    text = str(exc)
+    if "Unsupported global" in text or "Unsupported operand" in text:
+        return "it holds Python objects besides tensors and plain values, so it was not made by rlgauge (left unloaded)"
+    if isinstance(exc, OSError) and not isinstance(exc, zipfile.BadZipFile) and exc.strerror:
+        return f"the file cannot be read ({exc.strerror})"
+    if isinstance(exc, (zipfile.BadZipFile, EOFError)) or "zip archive" in text or "central directory" in text:
+        return "the file is truncated or is not a torch archive"
+    return "the file is truncated or corrupt, or not a torch archive"
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

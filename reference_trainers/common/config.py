@@ -3,17 +3,21 @@
 Every implementation flag of the design lives in ``OptimizationsConfig`` with its plain
 value as the default. Unknown keys, wrong types and out-of-range values raise
 ``ConfigError`` with one line naming the dotted key, the bad value and what is accepted.
+Types are strict: no text becomes a number or a switch (``"16"``, ``"yes"``), no float a
+count; only an integer is taken where a float is expected (``1`` for ``1.0``).
 Per-device resolution of ``auto`` values lives in ``resolve.py``.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from .config_files import apply_overrides
+from .config_files import apply_overrides, safe_load
 from .errors import ConfigError
 from .flags import OPTIMISATION_FLAGS, TUNING
 
@@ -33,7 +37,8 @@ def _accepted_scalars(annotation: Any) -> set[str]:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+    # strict: a quoted "16" or "yes" is a mistake to report, not a value to coerce (int -> float still passes)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True, strict=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -328,7 +333,52 @@ def _describe(error: dict[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if "expected" in ctx:
         message = f"expected {ctx['expected']}"
+    elif error["type"] in _EXPECTED_TYPES:
+        message = f"expected {_EXPECTED_TYPES[error['type']]}{' or null' if _optional(loc) else ''}"
+        if isinstance(value, str):
+            quoted_number = error["type"] in ("int_type", "float_type") and _numeric_text(value)
+            if error["type"] == "float_type" and _non_finite_text(value):
+                message = "expected a finite number"
+            else:
+                message += ", not a string" + (" (write it without quotes)" if quoted_number else "")
     return f"{key}: invalid value {_short_repr(value)}: {message}"
+
+
+_EXPECTED_TYPES = {
+    "int_type": "an integer", "float_type": "a number", "bool_type": "a boolean (true or false)",
+    "string_type": "a string", "list_type": "a list", "dict_type": "a mapping",
+}
+"""Strict-mode type errors, as the phrase naming the type that is accepted."""
+
+
+def _numeric_text(text: str) -> bool:
+    """Whether ``text`` reads as a number once unquoted (``'16'``, ``'1e-3'``)."""
+    try:
+        value = safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _non_finite_text(text: str) -> bool:
+    """Whether ``text`` spells NaN or an infinity (``'nan'``, ``'inf'``, ``'-Infinity'``)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _optional(loc: tuple[Any, ...]) -> bool:
+    """Whether the last schema field on the path ``loc`` also accepts null (``stability.max_grad_norm``)."""
+    model: type[BaseModel] | None = TrainConfig
+    annotation: Any = None
+    for part in loc:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        if field is None:
+            break
+        annotation = field.annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return type(None) in get_args(annotation)
 
 
 def config_error_from(exc: ValidationError) -> ConfigError:

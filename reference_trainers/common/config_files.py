@@ -15,7 +15,8 @@ from .errors import ConfigError
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping with the safe loader; ConfigError on any problem."""
+    """Read a YAML mapping with the safe loader; ConfigError on any problem, an empty file and a
+    duplicate key included."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -26,20 +27,50 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML config") from None
     try:
         data = safe_load(text)
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or exc
         raise ConfigError(f"{path}: malformed YAML{where}: {' '.join(str(problem).split())}") from None
-    if data is None:
-        return {}
+    if data is None:  # nothing but whitespace and comments: surely not the config the user meant to run
+        raise ConfigError(f"{path}: the file is empty; expected a YAML mapping of settings (e.g. 'env: {{id: CartPole-v1}}') "
+                          "or a preset (description, config, variants)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping names one key twice (YAML forbids it; PyYAML alone would keep the last silently)."""
+
+
 class _Yaml12Loader(yaml.SafeLoader):
-    """Safe loader that reads YAML 1.2 floats: ``1e-3`` is a number, not a string."""
+    """Safe loader that reads YAML 1.2 floats (``1e-3`` is a number, not a string) and rejects
+    duplicate keys."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            _reject_duplicate_keys(self, node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _reject_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> None:
+    """``DuplicateKeyError`` naming the key and both lines if ``node`` writes one scalar key twice.
+
+    Checked before merge keys (``<<: *base``) are flattened: a key written beside a merge
+    overrides the merged one, as YAML intends, and is not a duplicate."""
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # collection keys are unhashable: the constructor reports them itself
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        if key in first_line:
+            raise DuplicateKeyError(None, None, f"duplicate key {key!r} at lines {first_line[key]} and {line}; "
+                                                "accepted: each key once per mapping", key_node.start_mark)
+        first_line[key] = line
 
 
 _Yaml12Loader.add_implicit_resolver(
@@ -54,9 +85,9 @@ MAX_YAML_VALUES = 100_000
 
 
 def safe_load(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 exponent floats; ``yaml.YAMLError`` for a document nested
-    deeper than ``MAX_YAML_DEPTH``, an alias that contains itself, or one that expands (aliases
-    followed) to more than ``MAX_YAML_VALUES`` values."""
+    """``yaml.safe_load`` with YAML 1.2 exponent floats; ``yaml.YAMLError`` for a duplicate key
+    (``DuplicateKeyError``), a document nested deeper than ``MAX_YAML_DEPTH``, an alias that
+    contains itself, or one that expands (aliases followed) to more than ``MAX_YAML_VALUES`` values."""
     try:
         data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:

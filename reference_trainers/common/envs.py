@@ -178,6 +178,28 @@ def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1
     return VectorizationChoice("native", why)
 
 
+def check_spaces(env_id: str, algo: str, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """EnvConfigError unless the trainers can take these spaces: a Box observation (a flat vector, or
+    uint8 image frames) for every algorithm, and a Discrete action for DQN and IQN, Discrete or Box
+    for PPO. Checked when a config is resolved, before an env is stepped."""
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise EnvConfigError(
+            f"env.id: {env_id!r} has observation space {observation_space}, which the trainers cannot take; "
+            "accepted: an env with Box observations (a vector, or uint8 image frames), e.g. CartPole-v1"
+        )
+    if algo in ("dqn", "iqn"):
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise EnvConfigError(
+                f"env.id: {algo} needs a Discrete action space, {env_id!r} has {action_space}; "
+                "accepted: an env with discrete actions (e.g. CartPole-v1, Acrobot-v1), or algo: ppo"
+            )
+    elif not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise EnvConfigError(
+            f"env.id: {algo} cannot act in {env_id!r}'s action space {action_space}; "
+            "accepted: an env with Discrete or Box actions (e.g. CartPole-v1, Pendulum-v1)"
+        )
+
+
 def single_action_space(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Space:
     """The action space of one ``env_id`` env (built once, then closed)."""
     return single_spaces(env_id, env_kwargs)[1]

@@ -15,7 +15,8 @@ from . import device as dev
 from . import distributed
 from .config import ConfigError, TrainConfig
 from .atari import is_ale_env, is_image_space
-from .envs import EnvConfigError, atari_settings_from, check_env_id, resolve_vectorization, single_spaces
+from .envs import (EnvConfigError, atari_settings_from, check_env_id, check_spaces, resolve_vectorization,
+                   single_spaces)
 from .flags import ALGORITHM, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, Context, Flag
 
 VALUE_BASED = ("dqn", "iqn")
@@ -60,6 +61,10 @@ def resolve_config(config: TrainConfig) -> Resolution:
         reasons["env.vectorization"] = f"{choice.mode} ({choice.reason})"
     resolved.env.vectorization = choice.mode
     spaces = _spaces(resolved)  # one env built with env.kwargs: a bad keyword fails here, not mid-run
+    try:
+        check_spaces(resolved.env.id, resolved.algo, *spaces)  # a Tuple observation fails here, not in the trainer
+    except EnvConfigError as exc:
+        raise ConfigError(str(exc)) from None
     _resolve_observations(resolved, reasons, spaces[0])
     if resolved.model.recurrent != "none" and resolved.model.body == "cnn":
         raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} runs on the MLP body; accepted with image "

@@ -27,6 +27,17 @@ class IterationResult:
     updates: int
 
 
+def _step_budget(text: str) -> int:
+    """``--steps``: an integer >= 1 (a budget of 0 or less would exit 0 having trained nothing)."""
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; accepted: an integer >= 1") from None
+    if steps < 1:
+        raise argparse.ArgumentTypeError(f"{steps} trains nothing; accepted: an integer >= 1")
+    return steps
+
+
 def train_from_command_line(build: Callable[[TrainConfig], Any], loss_key: str, argv: list[str] | None,
                             prog: str, description: str | None, algo: str = "ppo") -> int:
     """``python -m reference_trainers.<algo> --config FILE [--steps N] [--set KEY=VALUE]...``: train, print progress.
@@ -36,7 +47,7 @@ def train_from_command_line(build: Callable[[TrainConfig], Any], loss_key: str, 
     """
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=50_000, help="env steps to train for")
+    parser.add_argument("--steps", type=_step_budget, default=50_000, help="env steps to train for (at least 1)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
