@@ -280,17 +280,21 @@ def _run_specs(args: argparse.Namespace) -> list[VariantSpec]:
 
 
 def _peer_spec(args: argparse.Namespace) -> VariantSpec:
-    """The peer's spec, matched from the baseline variant's config; prints the matching table."""
+    """The peer's spec, matched from the baseline variant's config; prints the matching table. The peer
+    is built as a user's own trainer is: its factory on the public contract, through ``own_trainer``."""
     from reference_trainers.common.resolve import resolve_config
 
+    from .own_trainer import OwnConfig, own_builder
     from .peers import load_peer
     from .peers.tables import matching_table
 
     peer = load_peer(args.peer)
     base = specs_for(args.target, "baseline", user_overrides(args))[0]
-    rows = peer.matching(resolve_config(base.config).config)
+    resolved = resolve_config(base.config).config
+    rows = peer.matching(resolved)
     _console().print(matching_table(args.peer, rows))
-    return VariantSpec(base.preset, args.peer, base.config, build=peer.build)
+    config = OwnConfig(peer.FACTORY, peer.peer_settings(resolved), resolved.run, resolved.device, resolved.seed)
+    return VariantSpec(base.preset, args.peer, config, build=own_builder(peer.FACTORY))
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 
 A preset file holds ``description``, ``config`` (every algorithmic setting, shared) and
 ``variants`` (``baseline`` / ``optimized``: implementation flags only, as they differ from the flag
-registry: ``baseline`` from its plain values, ``optimized`` from its optimised ones). A plain config file
-(no ``variants``) is one run of its own.
+registry: ``baseline`` from its plain values, ``optimized`` from its optimised ones), and optionally
+``on_device`` (keys a variant adds where the run's device is of a kind, e.g. ``cuda_graphs: true`` on
+CUDA, an explicit value the CPU would refuse). A plain config file (no ``variants``) is one run of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 VARIANTS = ("baseline", "optimized")
+DEVICE_KINDS = ("cpu", "cuda", "mps")
+"""The device kinds an ``on_device`` section may name."""
 
 
 @dataclass
@@ -50,6 +53,8 @@ class Preset:
     """A user's trainer file's rlgauge sections: ``run``, ``device``, ``seed``."""
     folder: Path | None = None
     """The file's folder (a user's trainer module may sit beside it)."""
+    on_device: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """Device kind -> variant -> keys merged over the variant where the run's device is of that kind."""
 
     def variant_data(self, variant: str) -> dict[str, Any]:
         """The variant's config: ``optimized`` starts from the registry's optimised values, every other
@@ -98,9 +103,10 @@ def _parse(name: str, data: dict[str, Any], source: Path) -> Preset:
     if "variants" not in data:
         return Preset(name, str(data.get("description", "")), {k: v for k, v in data.items() if k != "description"},
                       {"config": {}})
-    unknown = sorted(set(data) - {"description", "config", "variants"})
+    unknown = sorted(set(data) - {"description", "config", "variants", "on_device"})
     if unknown:
-        raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}; accepted in a preset: description, config, variants")
+        raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}; accepted in a preset: description, config, "
+                          "variants, on_device")
     if "config" not in data:  # else every variant would silently run the default PPO on CartPole
         raise ConfigError(f"{source}: a preset (a file with variants) needs config:, the settings its variants share "
                           f"(e.g. algo, env); it has only {', '.join(sorted(data))}")
@@ -110,7 +116,35 @@ def _parse(name: str, data: dict[str, Any], source: Path) -> Preset:
     shared = data.get("config") or {}
     if not isinstance(shared, dict):
         raise ConfigError(f"{source}: config must be a mapping")
-    return Preset(name, str(data.get("description", "")), shared, variants)
+    return Preset(name, str(data.get("description", "")), shared, variants,
+                  on_device=_parse_on_device(data.get("on_device"), variants, source))
+
+
+def _parse_on_device(section: Any, variants: dict[str, Any], source: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """``on_device: {KIND: {VARIANT: {...config keys...}}}``, every kind and variant checked."""
+    if section is None:
+        return {}
+    accepted = f"accepted: a mapping of device kinds ({', '.join(DEVICE_KINDS)}) to variants ({', '.join(variants)})"
+    if not isinstance(section, dict):
+        raise ConfigError(f"{source}: on_device must be a mapping; {accepted}")
+    for kind, by_variant in section.items():
+        if kind not in DEVICE_KINDS:
+            raise ConfigError(f"{source}: on_device: unknown device kind {kind!r}; {accepted}")
+        if not isinstance(by_variant, dict) or not all(isinstance(v, dict) for v in by_variant.values()):
+            raise ConfigError(f"{source}: on_device.{kind} must map variants to config mappings; {accepted}")
+        unknown = sorted(set(by_variant) - set(variants))
+        if unknown:
+            raise ConfigError(f"{source}: on_device.{kind}: the preset has no variant {unknown[0]!r}; {accepted}")
+    return section
+
+
+def device_kind(requested: str) -> str:
+    """The kind of device a config's ``device`` names (``auto``: the one it resolves to here)."""
+    if requested == "auto":
+        from reference_trainers.common.device import available_devices
+
+        return available_devices()[0]
+    return requested.partition(":")[0]
 
 
 def load_preset(target: str) -> Preset:
@@ -165,7 +199,15 @@ def specs_of(preset: Preset, variant: str, overrides: list[str]) -> list[Variant
         names = [variant]
     if preset.trainer is not None:
         return _own_specs(preset, names, overrides)
-    return [VariantSpec(preset.name, name, build_config(preset.variant_data(name), overrides)) for name in names]
+    return [VariantSpec(preset.name, name, _build_variant(preset, name, overrides)) for name in names]
+
+
+def _build_variant(preset: Preset, name: str, overrides: list[str]) -> TrainConfig:
+    """The variant's config, with its ``on_device`` keys for the device the run will use (``--set`` wins)."""
+    data = preset.variant_data(name)
+    config = build_config(data, overrides)
+    extra = preset.on_device.get(device_kind(config.device), {}).get(name) if preset.on_device else None
+    return build_config(deep_merge(data, extra), overrides) if extra else config
 
 
 def own_trainer_preset(trainer: str, config_file: Path | None) -> Preset:

@@ -164,12 +164,13 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     for live in lives:
         if live.spec.build is None:
             say(f"{live.spec.variant}: {optimisation_summary(live.resolution.config)}")
-        elif isinstance(live.spec.config, OwnConfig):
+        elif live.spec.config.trainer.startswith("harness.peers."):  # a peer library, on the public contract
+            settings = live.spec.config.settings
+            say(f"{live.spec.variant}: peer trainer ({live.spec.config.trainer}), matched from the {settings['env_id']} "
+                f"config; process settings: threads={settings['torch_threads'] or 'default'}")
+        else:
             settings = " ".join(f"{k}={v}" for k, v in live.spec.config.settings.items()) or "(its defaults)"
             say(f"{live.spec.variant}: your trainer {live.spec.config.trainer} on {live.resolution.device}: {settings}")
-        else:
-            say(f"{live.spec.variant}: peer trainer, matched from the {live.resolution.config.env.id} config; "
-                f"process settings: threads={live.resolution.config.optimizations.torch_threads or 'default'}")
     total = sum(l.resolution.config.run.warmup_steps + l.resolution.config.run.repeats * l.resolution.config.run.steps
                 for l in lives)
     interrupted = False

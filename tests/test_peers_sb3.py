@@ -15,9 +15,9 @@ from harness.cli import main  # noqa: E402
 from harness.errors import UserError  # noqa: E402
 from harness.metrics import TimingProbe  # noqa: E402
 from harness.peers import load_peer  # noqa: E402
-from harness.peers.sb3 import SB3Trainer, matching  # noqa: E402
+from harness import Trainer  # noqa: E402
+from harness.peers.sb3 import make_trainer, matching, peer_settings  # noqa: E402
 from harness.presets import specs_for  # noqa: E402
-from reference_trainers import Trainer  # noqa: E402
 from reference_trainers.common.resolve import resolve_config  # noqa: E402
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
@@ -61,9 +61,11 @@ def test_settings_without_an_sb3_counterpart_are_refused(preset: str, overrides:
 def test_built_ppo_model_has_the_matched_settings_and_iterates_a_rollout() -> None:
     probe = TimingProbe()
     probe.enabled = True
-    trainer = SB3Trainer(resolution("ppo-cartpole-sb3", ["device=cpu", "ppo.num_steps=16"]), probe)
+    settings = peer_settings(resolution("ppo-cartpole-sb3", ["device=cpu", "ppo.num_steps=16"]).config)
+    assert json.loads(json.dumps(settings)) == settings  # plain data, as a user's YAML config is
+    trainer = make_trainer(settings, device="cpu", seed=1, probe=probe)
     try:
-        assert isinstance(trainer, Trainer)
+        assert isinstance(trainer, Trainer)  # the public contract a user's trainer follows
         m = trainer.model
         assert (m.n_steps, m.batch_size, m.n_epochs, m.n_envs) == (16, 16, 4, 4)
         linears = [layer for layer in m.policy.mlp_extractor.policy_net if isinstance(layer, torch.nn.Linear)]
@@ -74,13 +76,12 @@ def test_built_ppo_model_has_the_matched_settings_and_iterates_a_rollout() -> No
         assert (done.env_steps, done.updates) == (64, 16) and m._n_updates == 4
         totals = probe.totals()
         assert totals["env"] > 0 and totals["inference"] > 0 and totals["update"] > 0
-        assert trainer.select_actions(trainer.next_obs).shape == (4,)
     finally:
         trainer.close()
 
 
 def test_built_dqn_model_trains_every_train_frequency_steps() -> None:
-    trainer = SB3Trainer(resolution("dqn-cartpole-sb3", DQN_TINY), None)
+    trainer = make_trainer(peer_settings(resolution("dqn-cartpole-sb3", DQN_TINY).config), device="cpu", seed=1)
     try:
         m = trainer.model
         assert (m.target_update_interval, m.train_freq.frequency, m.buffer_size) == (500, 10, 10_000)
@@ -101,6 +102,9 @@ def test_run_with_peer_prints_matching_and_ratios_and_records_three_runs(capsys:
     runs = json.loads(out.read_text(encoding="utf-8"))["runs"]
     assert [r["variant"] for r in runs] == ["baseline", "optimized", "sb3"]
     assert all(r["status"] == "ok" and len(r["metrics"]["env_steps_per_sec"]["samples"]) == 2 for r in runs)
+    peer = runs[2]  # built through the public contract, as a user's own trainer
+    assert peer["algo"] == "custom" and peer["config"]["trainer"] == "harness.peers.sb3:make_trainer"
+    assert peer["config"]["config"]["sb3"]["n_epochs"] == runs[0]["config"]["ppo"]["update_epochs"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -43,6 +43,9 @@ PIXEL_PRESETS = {name for name in NAMES if name.endswith("-pong")}
 TINY_ALGO_SIZES = {"iqn": ["iqn.batch_size=8", "iqn.num_tau_samples=8", "iqn.num_tau_prime_samples=8",
                             "iqn.num_quantile_samples=8"]}
 """IQN's pairwise quantile loss at its preset sizes makes a tiny Pong run take minutes on 2 cores."""
+TINY_PRESET_SIZES = {name: [f"{name.split('-')[0]}.log_interval=64"] for name in NAMES
+                     if name.endswith("-gpu") and not name.startswith("ppo-")}
+"""A GPU preset's log_interval spans a vector step of its thousands of sub-envs: thousands of steps at 2 envs."""
 RUNNABLE = [pytest.param(name, marks=pytest.mark.slow) if name in PIXEL_PRESETS else name for name in NAMES]
 
 
@@ -72,7 +75,7 @@ def test_presets_ship_inside_the_package_and_include_ppo_cartpole() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_preset_file_has_description_shared_config_and_both_variants(name: str) -> None:
     raw = _raw(name)
-    assert set(raw) == {"description", "config", "variants"}
+    assert set(raw) - {"on_device"} == {"description", "config", "variants"}  # on_device: optional
     assert isinstance(raw["description"], str) and raw["description"].strip()
     assert "\n" not in raw["description"].strip()  # one line in `rlgauge presets`
     assert set(raw["variants"]) == set(VARIANTS) == {"baseline", "optimized"}
@@ -153,7 +156,8 @@ def test_preset_optimized_variant_on_cpu_batches_inference(name: str) -> None:
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_preset_runs_both_variants_at_tiny_size_ok_and_float32_only(name: str) -> None:
     # one torch thread: beside the other test workers, a second thread only spins
-    overrides = [*TINY, "optimizations.torch_threads=1", *TINY_ALGO_SIZES.get(name.split("-")[0], [])]
+    overrides = [*TINY, "optimizations.torch_threads=1", *TINY_ALGO_SIZES.get(name.split("-")[0], []),
+                 *TINY_PRESET_SIZES.get(name, [])]
     results, interrupted = run_variants(specs_for(name, "both", overrides), say=lambda _text: None)
     assert interrupted is False
     assert [r.variant for r in results] == ["baseline", "optimized"]
@@ -198,6 +202,13 @@ def test_variant_a_preset_does_not_have_is_a_user_error(tmp_path: Path) -> None:
     ({"description": "d", "config": {}, "variants": {"baseline": 3}}, "variants must map"),
     ({"description": "d", "config": [1], "variants": {"baseline": {}}}, "config must be a mapping"),
     ({"description": "d", "config": {}, "variants": {"baseline": {}}, "extra": 1}, "unknown top-level key 'extra'"),
+    ({"description": "d", "config": {}, "variants": {"baseline": {}}, "on_device": [1]}, "on_device must be a mapping"),
+    ({"description": "d", "config": {}, "variants": {"baseline": {}}, "on_device": {"tpu": {}}},
+     "unknown device kind 'tpu'"),
+    ({"description": "d", "config": {}, "variants": {"baseline": {}}, "on_device": {"cuda": {"fast": {}}}},
+     "no variant 'fast'"),
+    ({"description": "d", "config": {}, "variants": {"baseline": {}}, "on_device": {"cuda": {"baseline": 1}}},
+     "on_device.cuda must map variants"),
 ])
 def test_malformed_preset_file_is_a_config_error(content: dict[str, Any], needle: str, tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"

@@ -1,4 +1,4 @@
-"""Stable-Baselines3 PPO and DQN as a peer: same env, matched hyper-parameters, the runner's protocol.
+"""Stable-Baselines3 PPO and DQN as a peer: same env, matched hyper-parameters, the public trainer contract.
 
 ``matching(config)`` is the explicit table (our key -> SB3 argument) that builds the SB3
 model; settings without an SB3 counterpart (double Q, n-step, prioritized replay, IQN)
@@ -6,7 +6,9 @@ are refused with a clear error rather than silently dropped. SB3 runs as its use
 ``make_vec_env`` (a ``DummyVecEnv`` of Monitor-wrapped envs) and its own
 ``collect_rollouts`` / ``train``. Phases: env steps (``step_wait``) are ``env``, the
 policy call while collecting is ``inference``, ``train()`` is ``update``; buffer and
-bookkeeping work falls outside the named phases.
+bookkeeping work falls outside the named phases. The peer is built on the contract any user's
+trainer follows (``make_trainer(config, *, device, seed, probe)``, ``iterate()``, ``close()``),
+from plain settings (``peer_settings``), and measured through the same adapter.
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnvWrapper
 from torch import nn
 
-from reference_trainers import IterationResult, apply_process_settings
+from reference_trainers import IterationResult
 from reference_trainers.common.config import TrainConfig
 from reference_trainers.common.probe import NullProbe, Probe
-from reference_trainers.common.resolve import Resolution
 
 from ..errors import UserError
 
@@ -146,28 +148,53 @@ def _timed(probe: Probe, phase: str, fn: Any) -> Any:
     return call
 
 
+FACTORY = "harness.peers.sb3:make_trainer"
+"""The peer's factory, on the public contract of ``rlgauge run --trainer`` (``harness.own_trainer``):
+it takes plain settings and uses nothing a user's own trainer could not."""
+
+
+def peer_settings(config: TrainConfig) -> dict[str, Any]:
+    """What ``make_trainer`` takes, as plain data: the env, the process settings of the config SB3
+    is matched from, and SB3's arguments from the matching table."""
+    return {
+        "algo": config.algo, "env_id": config.env.id, "num_envs": config.env.num_envs,
+        "env_kwargs": dict(config.env.kwargs or {}), "activation": config.model.activation,
+        "torch_threads": config.optimizations.torch_threads, "return_window": config.run.return_window,
+        "anneal_lr": config.ppo.anneal_lr if config.algo == "ppo" else False,
+        "learning_rate": config.ppo.learning_rate if config.algo == "ppo" else config.dqn.learning_rate,
+        "log_interval": config.dqn.log_interval if config.algo == "dqn" else None,
+        "sb3": {m.sb3: _plain(m.sb3_value) for m in matching(config)},
+    }
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _tuple(value: Any) -> Any:
+    """SB3 reads ``train_freq`` as ``(n, "step")``: a tuple again after the trip through plain data."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 class SB3Trainer:
-    """An SB3 PPO or DQN model behind the runner's trainer protocol (``iterate()`` and friends)."""
+    """An SB3 PPO or DQN model behind the public trainer contract (``iterate()``, ``close()``, ...)."""
 
-    compile_fallback = False
-    nonfinite_events = 0
-
-    def __init__(self, resolution: Resolution, probe: Probe | None = None) -> None:
-        c = self.config = resolution.config
-        self.algo = c.algo
-        self.device = resolution.device
+    def __init__(self, settings: dict[str, Any], device: str, seed: int, probe: Probe | None = None) -> None:
+        self.settings = s = settings
+        self.algo = s["algo"]
         self.probe: Probe = probe or NullProbe()
-        self.table = matching(c)
-        args = {m.sb3: m.sb3_value for m in self.table}
-        env = _TimedVecEnv(make_vec_env(c.env.id, n_envs=c.env.num_envs, seed=c.seed, env_kwargs=c.env.kwargs or None),
+        if s["torch_threads"]:
+            torch.set_num_threads(int(s["torch_threads"]))  # else the default the harness set (fair threads)
+        args = s["sb3"]
+        env = _TimedVecEnv(make_vec_env(s["env_id"], n_envs=s["num_envs"], seed=seed, env_kwargs=s["env_kwargs"] or None),
                            self.probe)
         policy_kwargs: dict[str, Any] = {"net_arch": args["policy_kwargs.net_arch"],
-                                         "activation_fn": ACTIVATIONS[c.model.activation],
+                                         "activation_fn": ACTIVATIONS[s["activation"]],
                                          "optimizer_kwargs": {"eps": args["policy_kwargs.optimizer_kwargs.eps"]}}
-        common = {"seed": c.seed, "device": str(self.device), "verbose": 0}
-        if c.algo == "ppo":
-            lr = c.ppo.learning_rate
-            schedule = (lambda progress: lr * max(progress, 0.0)) if c.ppo.anneal_lr else lr
+        common = {"seed": seed, "device": device, "verbose": 0}
+        if self.algo == "ppo":
+            lr = s["learning_rate"]
+            schedule = (lambda progress: lr * max(progress, 0.0)) if s["anneal_lr"] else lr
             policy_kwargs["ortho_init"] = True
             self.model = PPO("MlpPolicy", env, learning_rate=schedule, n_steps=args["n_steps"],
                              batch_size=args["batch_size"], n_epochs=args["n_epochs"], gamma=args["gamma"],
@@ -180,7 +207,7 @@ class SB3Trainer:
         else:
             self.model = DQN("MlpPolicy", env, learning_rate=args["learning_rate"], buffer_size=args["buffer_size"],
                              learning_starts=args["learning_starts"], batch_size=args["batch_size"], tau=args["tau"],
-                             gamma=args["gamma"], train_freq=args["train_freq"], gradient_steps=args["gradient_steps"],
+                             gamma=args["gamma"], train_freq=_tuple(args["train_freq"]), gradient_steps=args["gradient_steps"],
                              target_update_interval=args["target_update_interval"],
                              exploration_fraction=args["exploration_fraction"],
                              exploration_initial_eps=args["exploration_initial_eps"],
@@ -191,22 +218,10 @@ class SB3Trainer:
         self.model.train = _timed(self.probe, "update", self.model.train)
         _, self.callback = self.model._setup_learn(self.total_timesteps, None, True, "rlgauge", False)
         self.callback.on_training_start(locals(), globals())
-        self.num_envs = c.env.num_envs
-        self.env_steps = self.agent_steps = self.updates = self.iterations = 0
-
-    @property
-    def next_obs(self) -> np.ndarray:
-        return self.model._last_obs
-
-    def activate(self) -> None:
-        """The process settings of the config SB3 was matched from (the baseline's: torch's defaults)."""
-        apply_process_settings(self.config.optimizations)
-
-    def select_actions(self, obs: np.ndarray) -> np.ndarray:
-        return self.model.predict(obs, deterministic=False)[0]
+        self.num_envs = s["num_envs"]
 
     def iterate(self) -> IterationResult:
-        self.activate()
+        """One PPO rollout and its update, or ``log_interval`` DQN agent steps with their training."""
         before, updates = self.model.num_timesteps, 0
         if self.algo == "ppo":
             m = self.model
@@ -217,16 +232,12 @@ class SB3Trainer:
         else:
             updates = self._dqn_iteration()
         frames = self.model.num_timesteps - before
-        self.env_steps += frames
-        self.agent_steps += frames
-        self.updates += updates
-        self.iterations += 1
         return IterationResult(frames, frames, updates)
 
     def _dqn_iteration(self) -> int:
-        """Collect and train as ``OffPolicyAlgorithm.learn`` does, for ``dqn.log_interval`` agent steps."""
+        """Collect and train as ``OffPolicyAlgorithm.learn`` does, for ``log_interval`` agent steps."""
         m, updates, start = self.model, 0, self.model.num_timesteps
-        while m.num_timesteps - start < self.config.dqn.log_interval:
+        while m.num_timesteps - start < self.settings["log_interval"]:
             m.collect_rollouts(m.env, train_freq=m.train_freq, action_noise=m.action_noise, callback=self.callback,
                                learning_starts=m.learning_starts, replay_buffer=m.replay_buffer, log_interval=None)
             if m.num_timesteps > 0 and m.num_timesteps > m.learning_starts and m.gradient_steps > 0:
@@ -235,13 +246,13 @@ class SB3Trainer:
         return updates
 
     def mean_recent_return(self) -> float | None:
-        episodes = list(self.model.ep_info_buffer or [])[-self.config.run.return_window:]
+        episodes = list(self.model.ep_info_buffer or [])[-self.settings["return_window"]:]
         return float(np.mean([e["r"] for e in episodes])) if episodes else None
 
     def close(self) -> None:
         self.model.env.close()
 
 
-def build(resolution: Resolution, probe: Probe | None = None) -> SB3Trainer:
-    """The runner's trainer factory for the SB3 peer."""
-    return SB3Trainer(resolution, probe)
+def make_trainer(config: dict[str, Any], *, device: str, seed: int, probe: Probe | None = None) -> SB3Trainer:
+    """The SB3 peer's factory (``FACTORY``): ``config`` is ``peer_settings(...)``."""
+    return SB3Trainer(config, device, seed, probe)
