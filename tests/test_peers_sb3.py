@@ -38,7 +38,7 @@ def test_ppo_matching_maps_minibatches_to_batch_size_and_the_network() -> None:
     args = table("ppo-cartpole-sb3", ["device=cpu"])
     assert (args["n_envs"], args["n_steps"], args["n_epochs"], args["batch_size"]) == (4, 128, 4, 128)
     assert args["policy_kwargs.net_arch"] == {"pi": [64, 64], "vf": [64, 64]}
-    assert args["policy_kwargs.activation_fn"] == "Tanh" and args["clip_range_vf"] == 0.2
+    assert args["policy_kwargs.activation_fn"] == "Tanh" and args["clip_range_vf"] is None
     assert table("ppo-cartpole-sb3", ["device=cpu", "env.num_envs=64"])["batch_size"] == 64 * 128 // 4
 
 
@@ -48,7 +48,69 @@ def test_dqn_matching_converts_target_interval_to_env_transitions() -> None:
     assert args["target_update_interval"] == 500  # 50 optimiser steps x 10 env steps each
 
 
+def _orthogonal(layer: torch.nn.Linear, gain: float) -> bool:
+    w = layer.weight.detach()
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    return bool(torch.allclose(gram, gain**2 * torch.eye(gram.shape[0]), atol=1e-4)) and not layer.bias.any()
+
+
+def test_the_sb3_ppo_model_has_our_configs_values_field_by_field() -> None:
+    c = resolution("ppo-cartpole-sb3", ["device=cpu"]).config
+    trainer = make_trainer(peer_settings(c), device="cpu", seed=c.seed)
+    try:
+        m, p = trainer.model, c.ppo
+        assert (m.n_envs, m.n_steps, m.n_epochs) == (c.env.num_envs, p.num_steps, p.update_epochs)
+        assert m.batch_size == c.env.num_envs * p.num_steps // p.num_minibatches
+        assert (m.gamma, m.gae_lambda, m.ent_coef, m.normalize_advantage) == (p.gamma, p.gae_lambda, p.ent_coef,
+                                                                              p.norm_adv)
+        assert m.vf_coef == p.vf_coef / 2  # ours: vf_coef x 0.5 x squared error; SB3: vf_coef x squared error
+        assert m.clip_range(1.0) == m.clip_range(0.0) == p.clip_coef and m.clip_range_vf is None and not p.clip_vloss
+        assert not p.anneal_lr and m.lr_schedule(1.0) == m.lr_schedule(0.1) == p.learning_rate
+        assert m.max_grad_norm == c.stability.max_grad_norm
+        assert m.policy.optimizer.param_groups[0]["eps"] == p.adam_eps
+        assert m.policy.ortho_init is (c.model.init == "orthogonal")
+        hidden = [l for l in m.policy.mlp_extractor.value_net if isinstance(l, torch.nn.Linear)]
+        assert [l.out_features for l in hidden] == c.model.hidden_sizes and _orthogonal(hidden[0], 2**0.5)
+        assert _orthogonal(m.policy.action_net, 0.01) and _orthogonal(m.policy.value_net, 1.0)
+    finally:
+        trainer.close()
+
+
+def test_the_sb3_dqn_model_has_our_configs_values_field_by_field() -> None:
+    c = resolution("dqn-cartpole-sb3", ["device=cpu"]).config
+    trainer = make_trainer(peer_settings(c), device="cpu", seed=c.seed)
+    try:
+        m, d = trainer.model, c.dqn
+        assert (m.buffer_size, m.batch_size, m.learning_starts, m.gradient_steps) == (
+            d.buffer_size, d.batch_size, d.learning_starts, d.gradient_steps)
+        assert (m.train_freq.frequency, m.tau, m.gamma, m.max_grad_norm) == (
+            d.train_frequency, d.tau, d.gamma, c.stability.max_grad_norm)
+        assert m.target_update_interval == d.target_update_interval * d.train_frequency * c.env.num_envs
+        assert m.learning_rate == d.learning_rate and m.policy.optimizer.param_groups[0]["eps"] == d.adam_eps
+        assert (m.exploration_initial_eps, m.exploration_final_eps) == (d.start_epsilon, d.end_epsilon)
+        assert m.exploration_fraction * m._total_timesteps == pytest.approx(d.exploration_steps)
+        linears = [l for l in m.q_net.q_net if isinstance(l, torch.nn.Linear)]
+        assert [l.out_features for l in linears[:-1]] == c.model.hidden_sizes
+        assert c.model.init == "torch_default" and not _orthogonal(linears[0], 2**0.5) and linears[0].bias.any()
+    finally:
+        trainer.close()
+
+
+def test_model_init_torch_default_builds_our_q_network_as_sb3_does() -> None:
+    from reference_trainers import build_trainer
+
+    for init, orthogonal in (("orthogonal", True), ("torch_default", False)):
+        trainer = build_trainer(resolution("dqn-cartpole-sb3", ["device=cpu", f"model.init={init}"]))
+        try:
+            first = next(l for l in trainer.model.modules() if isinstance(l, torch.nn.Linear))
+            assert _orthogonal(first, 2**0.5) is orthogonal
+        finally:
+            trainer.close()
+
+
 @pytest.mark.parametrize("preset, overrides, message", [
+    ("ppo-cartpole-sb3", ["ppo.clip_vloss=true"], "ppo.clip_vloss=true has no SB3 counterpart"),
+    ("dqn-cartpole-sb3", ["model.init=orthogonal"], "model.init=orthogonal has no SB3 DQN counterpart"),
     ("dqn-cartpole", [], "dqn.double_q=True has no SB3 DQN counterpart"),
     ("dqn-cartpole-sb3", ["dqn.n_step=3"], "dqn.n_step=3 has no SB3 DQN counterpart"),
     ("iqn-cartpole", [], "no SB3 counterpart for algo 'iqn'"),

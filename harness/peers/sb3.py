@@ -52,6 +52,10 @@ def _grad_norm(config: TrainConfig) -> float:
 
 def _ppo_matching(c: TrainConfig) -> list[Match]:
     p, n = c.ppo, c.env.num_envs
+    if p.clip_vloss:  # SB3 clips the value prediction alone; ours takes the larger of clipped and unclipped losses
+        raise UserError("--peer sb3: ppo.clip_vloss=true has no SB3 counterpart (SB3's clip_range_vf clips the value "
+                        "prediction, without the max of clipped and unclipped losses); accepted with --peer sb3: "
+                        "ppo.clip_vloss=false")
     batch = n * p.num_steps
     lr = p.learning_rate
     return [
@@ -67,16 +71,18 @@ def _ppo_matching(c: TrainConfig) -> list[Match]:
         Match("ppo.gamma", p.gamma, "gamma", p.gamma),
         Match("ppo.gae_lambda", p.gae_lambda, "gae_lambda", p.gae_lambda),
         Match("ppo.clip_coef", p.clip_coef, "clip_range", p.clip_coef),
-        Match("ppo.clip_vloss", p.clip_vloss, "clip_range_vf", p.clip_coef if p.clip_vloss else None),
+        Match("ppo.clip_vloss", p.clip_vloss, "clip_range_vf", None, "the value loss unclipped in both"),
         Match("ppo.ent_coef", p.ent_coef, "ent_coef", p.ent_coef),
-        Match("ppo.vf_coef", p.vf_coef, "vf_coef", p.vf_coef),
+        Match("ppo.vf_coef", p.vf_coef, "vf_coef", p.vf_coef / 2,
+              "ours: vf_coef x 0.5 x squared error (CleanRL); SB3: vf_coef x squared error"),
         Match("ppo.norm_adv", p.norm_adv, "normalize_advantage", p.norm_adv),
         Match("stability.max_grad_norm", c.stability.max_grad_norm, "max_grad_norm", _grad_norm(c)),
         Match("ppo.adam_eps", p.adam_eps, "policy_kwargs.optimizer_kwargs.eps", p.adam_eps),
         Match("model.hidden_sizes", c.model.hidden_sizes, "policy_kwargs.net_arch",
               {"pi": c.model.hidden_sizes, "vf": c.model.hidden_sizes}, "separate actor and critic MLPs"),
         Match("model.activation", c.model.activation, "policy_kwargs.activation_fn", ACTIVATIONS[c.model.activation].__name__),
-        Match("(orthogonal init)", True, "policy_kwargs.ortho_init", True),
+        Match("model.init", c.model.init, "policy_kwargs.ortho_init", c.model.init == "orthogonal",
+              "orthogonal: gains sqrt(2), 0.01 policy head, 1.0 value head, zero biases in both"),
         Match("seed", c.seed, "seed", c.seed),
         Match("device", c.device, "device", c.device),
     ]
@@ -89,6 +95,9 @@ def _dqn_matching(c: TrainConfig) -> list[Match]:
         if value != plain:
             raise UserError(f"--peer sb3: dqn.{key}={value} has no SB3 DQN counterpart; "
                             f"accepted with --peer sb3: dqn.{key}={str(plain).lower()}")
+    if c.model.init != "torch_default":
+        raise UserError(f"--peer sb3: model.init={c.model.init} has no SB3 DQN counterpart (SB3's Q-network keeps "
+                        "nn.Linear's own initialisation); accepted with --peer sb3: model.init=torch_default")
     target_steps = d.target_update_interval * d.train_frequency * n // d.gradient_steps
     return [
         Match("env.id", c.env.id, "env", c.env.id, "make_vec_env: DummyVecEnv + Monitor"),
@@ -111,6 +120,8 @@ def _dqn_matching(c: TrainConfig) -> list[Match]:
         Match("stability.max_grad_norm", c.stability.max_grad_norm, "max_grad_norm", _grad_norm(c)),
         Match("dqn.adam_eps", d.adam_eps, "policy_kwargs.optimizer_kwargs.eps", d.adam_eps),
         Match("model.hidden_sizes", c.model.hidden_sizes, "policy_kwargs.net_arch", c.model.hidden_sizes),
+        Match("model.init", c.model.init, "(Q-network init)", "torch_default", "SB3's DQN keeps nn.Linear's own"),
+        Match("(loss)", "smooth L1 (Huber, beta 1)", "(loss)", "smooth_l1_loss", "the same TD loss"),
         Match("model.activation", c.model.activation, "policy_kwargs.activation_fn", ACTIVATIONS[c.model.activation].__name__),
         Match("seed", c.seed, "seed", c.seed),
         Match("device", c.device, "device", c.device),
@@ -195,7 +206,7 @@ class SB3Trainer:
         if self.algo == "ppo":
             lr = s["learning_rate"]
             schedule = (lambda progress: lr * max(progress, 0.0)) if s["anneal_lr"] else lr
-            policy_kwargs["ortho_init"] = True
+            policy_kwargs["ortho_init"] = args["policy_kwargs.ortho_init"]
             self.model = PPO("MlpPolicy", env, learning_rate=schedule, n_steps=args["n_steps"],
                              batch_size=args["batch_size"], n_epochs=args["n_epochs"], gamma=args["gamma"],
                              gae_lambda=args["gae_lambda"], clip_range=args["clip_range"],

@@ -104,6 +104,11 @@ class ModelConfig(_Section):
     """PPO only: a recurrent core between the shared MLP encoder and the heads (memory for
     partially observed tasks); ``none`` is the feed-forward actor-critic."""
     recurrent_size: int = Field(default=128, ge=1, le=65536)
+    init: Literal["orthogonal", "torch_default"] = "orthogonal"
+    """Weight initialisation of the MLP layers: orthogonal (gain sqrt(2), policy head 0.01, value
+    and Q heads 1.0; zero biases: CleanRL's PPO and DQN, Stable-Baselines3's PPO), or torch_default
+    (``nn.Linear``'s own: Stable-Baselines3's DQN). The CNN torso and recurrent cores are always
+    orthogonal; torch_default is accepted for feed-forward MLP PPO and DQN."""
 
     @field_validator("hidden_sizes")
     @classmethod

@@ -97,14 +97,20 @@ class StackedMLPs:
         return x[:, :self.split], x[:, self.split:]
 
 
-def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_std: float) -> MLP:
-    """Linear-activation stack ending in a linear head initialised with ``out_std``."""
+def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_std: float,
+        init: str = "orthogonal") -> MLP:
+    """Linear-activation stack ending in a linear head: orthogonal weights (gain sqrt(2), the head
+    ``out_std``) and zero biases, or with ``init="torch_default"`` ``nn.Linear``'s own initialisation
+    (as Stable-Baselines3's DQN and CleanRL's DQN leave it)."""
+    ortho = init == "orthogonal"
     layers: list[nn.Module] = []
     width = in_dim
     for size in hidden_sizes:
-        layers += [init_layer(nn.Linear(width, size)), _ACTIVATIONS[activation]()]
+        layer = nn.Linear(width, size)
+        layers += [init_layer(layer) if ortho else layer, _ACTIVATIONS[activation]()]
         width = size
-    layers.append(init_layer(OutputLinear(width, out_dim), std=out_std))
+    head = OutputLinear(width, out_dim)
+    layers.append(init_layer(head, std=out_std) if ortho else head)
     return MLP(*layers)
 
 
@@ -169,8 +175,10 @@ class ActorCritic(nn.Module):
             self.actor = init_layer(OutputLinear(self.torso.out_dim, out_dim), std=0.01)
         else:
             self.torso = None
-            self.critic = mlp(int(np.prod(shape)), config.hidden_sizes, 1, config.activation, out_std=1.0)
-            self.actor = mlp(int(np.prod(shape)), config.hidden_sizes, out_dim, config.activation, out_std=0.01)
+            self.critic = mlp(int(np.prod(shape)), config.hidden_sizes, 1, config.activation, out_std=1.0,
+                              init=config.init)
+            self.actor = mlp(int(np.prod(shape)), config.hidden_sizes, out_dim, config.activation, out_std=0.01,
+                             init=config.init)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out_dim))
 
@@ -190,7 +198,8 @@ class QNetwork(nn.Module):
             torso = NatureCNN(shape)
             self.net = nn.Sequential(torso, init_layer(OutputLinear(torso.out_dim, num_actions), std=1.0))
         else:
-            self.net = mlp(int(np.prod(shape)), config.hidden_sizes, num_actions, config.activation, out_std=1.0)
+            self.net = mlp(int(np.prod(shape)), config.hidden_sizes, num_actions, config.activation, out_std=1.0,
+                           init=config.init)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)

@@ -69,6 +69,10 @@ def resolve_config(config: TrainConfig) -> Resolution:
     if resolved.model.recurrent != "none" and resolved.model.body == "cnn":
         raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} runs on the MLP body; accepted with image "
                           "observations (model.body: cnn): none")
+    if resolved.model.init != "orthogonal" and (resolved.model.body == "cnn" or resolved.model.recurrent != "none"
+                                                  or resolved.algo == "iqn"):
+        raise ConfigError(f"model.init: {resolved.model.init!r} applies to feed-forward MLP networks of PPO and DQN; "
+                          "accepted here: orthogonal")
 
     ctx = Context(resolved, device, spaces[0], spaces[1], supports_bf16=dev.supports_bf16(device),
                   supports_fp16_autocast=dev.supports_fp16_autocast(device), supports_tf32=dev.supports_tf32(device),
