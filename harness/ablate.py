@@ -108,6 +108,8 @@ def plan_ablation(target: str, overrides: list[str], only: list[str] | None = No
     if not {"baseline", "optimized"} <= set(preset.variants):
         raise UserError(f"ablate {target}: needs a preset with baseline and optimized variants "
                         f"(it has {', '.join(preset.variants)})")
+    if preset.trainer is not None:
+        return _plan_own(preset, target, overrides, only)
     base = build_config(preset.variant_data("baseline"), overrides)
     opt = build_config(preset.variant_data("optimized"), overrides)
     base_res = resolve_config(base)
@@ -179,9 +181,69 @@ def _lay_out_arms(plan: AblationPlan, base: TrainConfig) -> None:
         plan.arms[arm] = values
 
 
+# --------------------------------------------------------------------------- a user's own trainer
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a nested mapping's leaves (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _nested(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        node = out
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+def _plan_own(preset: Any, target: str, overrides: list[str], only: list[str] | None) -> AblationPlan:
+    """A user's trainer: its flags are the keys in which the variants' settings differ (each measured
+    alone on the baseline and left out of the full stack, as rlgauge's own flags)."""
+    from .own_trainer import resolve_own
+    from .presets import specs_of
+
+    base, opt = (_flat(spec.config.settings) for spec in specs_of(preset, "both", overrides))
+    differing = sorted(key for key in set(base) | set(opt) if base.get(key) != opt.get(key))
+    flags = [Flag(key, opt.get(key), base.get(key), opt.get(key)) for key in differing if key in opt]
+    not_applicable = {key: "only the baseline sets it" for key in differing if key not in opt}
+    if only is not None:
+        flags = _select(flags, not_applicable, differing, only, target)
+    if not flags:
+        raise UserError(f"ablate {target}: its baseline and optimized variants set the same values: no flag to measure")
+    device = resolve_own(specs_of(preset, "baseline", overrides)[0].config).device
+    plan = AblationPlan(preset.name, str(device), flags, not_applicable)
+    everything = {f.key: f.value for f in flags}
+    plan.arms = {"baseline": {}, **{f"+{f.name}": {f.key: f.value} for f in flags}}
+    if len(flags) > 1:
+        plan.arms["all-on"] = everything
+        plan.arms.update({f"-{f.name}": {k: v for k, v in everything.items() if k != f.key} for f in flags})
+    return plan
+
+
+def _own_arm_specs(preset: Any, plan: AblationPlan, overrides: list[str]) -> list[VariantSpec]:
+    from .own_trainer import build_own_config, own_builder
+    from reference_trainers.common.config_files import deep_merge
+
+    build = own_builder(preset.trainer, [preset.folder] if preset.folder else None)
+    base = preset.variant_data("baseline")
+    return [VariantSpec(plan.preset, arm, build_own_config(preset.trainer, {**preset.own, "config": deep_merge(
+        base, _nested(values))}, overrides, plan.preset), build=build) for arm, values in plan.arms.items()]
+
+
 def arm_specs(plan: AblationPlan, target: str, overrides: list[str]) -> list[VariantSpec]:
     """One spec per arm: the preset's baseline data with the arm's flags set on top."""
     preset = load_preset(target)
+    if preset.trainer is not None:
+        return _own_arm_specs(preset, plan, overrides)
     base = build_config(preset.variant_data("baseline"), overrides)
     return [VariantSpec(plan.preset, arm, _with(base, [], values)) for arm, values in plan.arms.items()]
 

@@ -23,12 +23,14 @@ from reference_trainers.common.config import ConfigError, to_plain_dict
 
 from . import cli_analysis as analysis
 from .cli_options import (DEBUG_ENV, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED,
-                          EXIT_OK, VersionAction, add_debug_option, debug_from_env, run_options, user_overrides)
+                          DEVICE_HELP, EXIT_OK, VersionAction, add_debug_option, debug_from_env, run_options,
+                          user_overrides)
 from .errors import UserError
 from .own_trainer import OwnConfig
 from .interrupts import stop_on_signals
 from .presets import VARIANTS, VariantSpec, list_presets, listing_lines, specs_for
 from .compare import Pair, comparison_table
+from .devices import device_list
 from .report import results_table
 from .results import check_writable, load_results, save_results
 
@@ -69,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --trainer: its settings (config:, variants:, run:), or a plain mapping of them")
     run.add_argument("--variant", choices=[*VARIANTS, "both"], default="both",
                      help="measure one variant only (default: both)")
-    run_options(run)
+    run_options(run, device_help=DEVICE_HELP + "; or a list, e.g. cpu,cuda: the variants measured on each device, "
+                                               "interleaved, with their ratio")
     run.add_argument("--out", type=Path, metavar="RESULT.json", help="write the results here (atomically)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
     run.add_argument("--checkpoint-every", type=int, metavar="N",
@@ -224,9 +227,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .runner import resolve_specs
 
-    specs = _run_specs(args)
+    devices = device_list(args.device)  # --device cpu,cuda: the variants on each device, interleaved
+    specs = _run_specs(args) if devices is None else _device_specs(args, devices)
     resolutions = resolve_specs(specs)  # every flag checked before anything runs
     own = isinstance(specs[0].config, OwnConfig)
+    if devices is not None and any(getattr(r.config, "distributed", None) and r.config.distributed.enabled
+                                   for r in resolutions):
+        raise UserError(f"--device {args.device}: a device comparison runs in one process; accepted: a device list "
+                        "without distributed.enabled")
     if own and args.peer is not None:
         raise UserError("--peer: peers are matched from rlgauge's own presets; accepted: --peer with a preset, "
                         "not with your own trainer")
@@ -248,6 +256,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         results, interrupted = _measure(specs, args, checkpointing)
     finally:
         distributed.teardown()
+    if devices is not None and not interrupted and main_process:
+        from .devices import comparison_table
+
+        _console().print(comparison_table(results))
     if args.peer is not None and not interrupted:
         from .peers.tables import peer_table
 
@@ -260,6 +272,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         whose = f" of your trainer {result.config['trainer']}" if own else ""
         print(f"rlgauge: {result.variant} run{whose} is {result.status}: {detail}", file=sys.stderr)
     return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
+def _device_specs(args: argparse.Namespace, devices: list[str]) -> list[VariantSpec]:
+    """``run --device A,B``: the run's specs on each device, variants named ``VARIANT@DEVICE``."""
+    from .devices import specs_on_devices
+
+    for option, given in (("--peer", args.peer), ("--checkpoint-every", args.checkpoint_every),
+                          ("--resume", args.resume)):
+        if given is not None:
+            raise UserError(f"--device {args.device}: {option} is not taken with a device list; accepted: one device "
+                            f"with {option}")
+    return specs_on_devices(devices, lambda device: _run_specs(argparse.Namespace(**{**vars(args), "device": device})))
 
 
 def _run_specs(args: argparse.Namespace) -> list[VariantSpec]:

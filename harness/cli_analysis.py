@@ -1,7 +1,7 @@
-"""The analysis commands: ``ablate``, ``sweep``, ``diagnose``, ``matrix`` (parsers and ``cmd_*``).
+"""The analysis commands: ``ablate``, ``sweep``, ``diagnose``, ``matrix``, ``learn`` (parsers and ``cmd_*``).
 
 Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagnose.py``,
-``matrix.py``); all take the run options and turn bad input into ``UserError`` (exit 2).
+``matrix.py``, ``learn.py``); all take the run options and turn bad input into ``UserError`` (exit 2).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from .cli_options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from .errors import UserError
+from .learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
 from .presets import VARIANTS, specs_for
 from .results import save_results
 from .run_size import MAX_ENV_STEPS, MAX_RUNS, check_size, size_of
@@ -91,6 +92,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     calibrate.set_defaults(repeats=None)  # rounds come from --trials and --repeats-grid
     calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: calibrate-PRESET/)")
     calibrate.add_argument("--quiet", action="store_true", help="no progress bar or time estimate")
+
+    learn = sub.add_parser("learn", help="learning curves of both variants (and a peer) over seeds, with a verdict",
+                           description="Train a preset's baseline and optimized variants (and a peer library with "
+                                       "--peer) interleaved, over several seeds, and write their learning curves "
+                                       "(median and interquartile band), a chart and a verdict per comparison: the "
+                                       "bootstrap interval of the difference in final return and in area under the "
+                                       "curve. Exit 1 when a comparison learns less.")
+    learn.add_argument("target", metavar="PRESET|FILE.yaml",
+                       help="a preset name (see 'rlgauge presets') or a YAML config file with baseline and optimized")
+    learn.add_argument("--peer", metavar="NAME", help="also train a peer library on matched settings (sb3: "
+                       "Stable-Baselines3; needs pip install 'rlgauge[peers]')")
+    learn.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
+                       help=f"seeds per arm, --seed .. --seed+N-1 (default: {DEFAULT_SEEDS}; at least {MIN_SEEDS}, "
+                            "and 3 for a verdict)")
+    learn.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S",
+                       help=f"env steps each arm trains for, per seed (default: {DEFAULT_STEPS:,})")
+    learn.add_argument("--seed", type=int, default=1, metavar="FIRST", help="the first seed (default: 1)")
+    learn.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value of every arm, e.g. --set env.num_envs=8 (repeatable)")
+    learn.add_argument("--device", help=DEVICE_HELP)
+    learn.set_defaults(repeats=None)  # seeds, not repeats
+    learn.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: learn-PRESET/)")
+    learn.add_argument("--quiet", action="store_true", help="no progress bar or summary lines")
 
 
 def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
@@ -239,6 +263,41 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def cmd_learn(args: argparse.Namespace) -> int:
+    from . import learn
+    from .interrupts import stop_on_signals
+    from .power import MIN_REPEATS
+    from .results import check_output_dir
+
+    # learn's --steps and --seed are its budget and first seed, not run.steps and seed
+    overrides = user_overrides(argparse.Namespace(**{**vars(args), "steps": None, "seed": None}))
+    plan = learn.plan_learning(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
+                               first_seed=args.seed)
+    out = check_output_dir(args.out or Path(f"learn-{plan.preset}"), files=learn.FILES)
+    say = _say(args)
+    say(f"learn {plan.preset}: {', '.join(arm.name for arm in plan.arms)} interleaved, {len(plan.seeds)} seeds x "
+        f"{plan.steps:,} env steps each, on {plan.arms[0].resolutions[0].device}")
+    if len(plan.seeds) < MIN_REPEATS:
+        print(f"rlgauge: note: the verdicts will read '{learn.no_verdict(len(plan.seeds))}'; learn with --seeds "
+              f"{MIN_REPEATS} or more", file=sys.stderr)
+    with stop_on_signals() as signals:  # Ctrl-C: stop, then write what was recorded (not cut short)
+        record = learn.run_learning(plan, show_progress=not args.quiet and sys.stderr.isatty())
+        signals.hold()
+        data = learn.summary(plan, record)
+        learn.write_outputs(out, data)
+    print(learn.markdown(data), end="")
+    if record.interrupted:
+        print(f"rlgauge: interrupted; what was recorded is written to {out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    say(f"learning written to {out}/ ({', '.join(learn.FILES)})")
+    for reason in record.quality.get("reasons", []):
+        print(f"rlgauge: warning: {plan.preset}: wall seconds not trustworthy: {reason}", file=sys.stderr)
+    less = learn.failed_verdicts(data)
+    if less:
+        print(f"rlgauge: learns less: {', '.join(less)}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if less or learn.failed_curves(data) else EXIT_OK  # a failed run was logged as it failed
+
+
 def _note_no_power(specs: list, what: str) -> None:
     """Before measuring: say so when the repeats are too few for ``what`` (ablate, sweep)."""
     from .power import MIN_REPEATS, has_power, no_verdict
@@ -267,4 +326,4 @@ def _status_code(runs: list) -> int:
 
 
 COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix,
-            "calibrate": cmd_calibrate}
+            "calibrate": cmd_calibrate, "learn": cmd_learn}

@@ -63,12 +63,15 @@ def add_debug_option(parser: argparse.ArgumentParser, top_level: bool) -> None:
                         help=f"print the traceback of an unexpected failure (also {DEBUG_ENV}=1)")
 
 
+DEVICE_HELP = "auto | cpu | cuda[:N] | mps (default: the preset's, usually auto: the accelerator, not the fastest device)"
+
+
 def run_options(parser: argparse.ArgumentParser, steps_default: str = "the preset's",
-                repeats_default: str = "the preset's") -> None:
+                repeats_default: str = "the preset's", device_help: str = DEVICE_HELP) -> None:
     """``--set``, ``--device``, ``--steps``, ``--repeats``, ``--seed``: every measuring command takes them."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optimizations.amp=true (repeatable)")
-    parser.add_argument("--device", help="auto | cpu | cuda[:N] | mps (default: the preset's, usually auto)")
+    parser.add_argument("--device", help=device_help)
     parser.add_argument("--steps", type=int, help=f"timed env-step budget of each repeat (default: {steps_default})")
     parser.add_argument("--repeats", type=int, help=f"timed repeats per variant, median/min/max (default: {repeats_default})")
     parser.add_argument("--seed", type=int, help="random seed")
@@ -77,6 +80,9 @@ def run_options(parser: argparse.ArgumentParser, steps_default: str = "the prese
 def user_overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` values plus the run options, which are shorthands for config keys."""
     extra = list(args.overrides)
+    if args.device is not None and "," in args.device:
+        raise UserError(f"--device {args.device}: a device list compares devices in 'rlgauge run' only; accepted "
+                        "here: one device (auto, cpu, cuda, cuda:N or mps)")
     for option, key in (("device", "device"), ("steps", "run.steps"), ("repeats", "run.repeats"), ("seed", "seed")):
         value = getattr(args, option)
         if value is not None:

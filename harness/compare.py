@@ -190,6 +190,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("peak_host_rss_mb", False, _metric("peak_host_rss_mb"), 0),
     Metric("peak_device_mem_mb", False, _metric("peak_device_mem_mb"), 0),
     Metric("warmup_s", False, _metric("warmup_s")),
+    Metric("end_to_end_env_steps_per_sec", True, _metric("end_to_end_env_steps_per_sec"), 0),
+    Metric("end_to_end_s", False, _metric("end_to_end_s")),
     Metric("mean_return_last_k", None, _metric("mean_return_last_k"), 1),
 )
 

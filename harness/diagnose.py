@@ -21,6 +21,9 @@ from reference_trainers.common.probe import PHASES
 from .results import RunResult
 
 DIAGNOSE_DEFAULT_STEPS = 4096
+LATENCY_BOUND_ENVS = 256
+"""Sub-envs up to which an accelerator acts on too few rows per step to hide its kernel launches and
+copies: such a run is latency-bound, and the CPU may be the faster device (``latency_bound``)."""
 
 
 def env_ceiling(config: TrainConfig, steps: int) -> float:
@@ -64,6 +67,7 @@ class Facts:
     ceiling_fraction: float | None
     config: dict[str, Any]
     compile_works: bool | None
+    preset: str = "PRESET"
 
     @property
     def opt(self) -> dict[str, Any]:
@@ -72,6 +76,10 @@ class Facts:
     @property
     def on_cuda(self) -> bool:
         return str(self.config["device"]).startswith("cuda")
+
+    @property
+    def num_envs(self) -> int | None:
+        return self.config.get("env", {}).get("num_envs")
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,13 @@ RULES: list[Rule] = [
          lambda f: f.on_cuda and f.utilization_pct is not None and f.utilization_pct < 30,
          lambda f: f"the GPU is busy {f.utilization_pct:.0f}% of the time: it waits for the host; raise "
                    "env.num_envs or the batch size, batch_inference=true, cuda_graphs=true for the update"),
+    Rule("latency_bound",
+         lambda f: f.on_cuda and f.num_envs is not None and f.num_envs <= LATENCY_BOUND_ENVS,
+         lambda f: f"{f.num_envs} envs on {f.config['device']}: each step launches the same kernels and copies for "
+                   f"only {f.num_envs} rows, so the GPU is latency-bound at this batch size and the CPU may be the "
+                   f"faster device (device: auto picks the accelerator, not the fastest device); measure both: "
+                   f"`rlgauge run {f.preset} --device cpu,{f.config['device']}`, or run a GPU-scale preset (-gpu: "
+                   "thousands of envs)"),
     Rule("compile_broken",
          lambda f: f.compile_works is False and bool(f.opt.get("compile_model") or f.opt.get("compile_train_step")),
          lambda f: "torch.compile fails on this machine but the config asks for it: compile_model=false and "
@@ -172,7 +187,7 @@ def facts_from(run: RunResult, ceiling: float | None, compile_works: bool | None
     return Facts(shares=phase_shares(run), syncs_per_step=float(run.metrics.get("host_syncs_per_step") or 0.0),
                  utilization_pct=run.metrics.get("device_utilization_pct"),
                  ceiling_fraction=(rate / ceiling) if ceiling else None, config=run.config,
-                 compile_works=compile_works)
+                 compile_works=compile_works, preset=run.preset)
 
 
 def diagnosis(run: RunResult, ceiling: float | None, compile_works: bool | None) -> dict[str, Any]:

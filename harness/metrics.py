@@ -25,6 +25,11 @@ def latency_percentiles(seconds: list[float]) -> dict[str, float]:
     return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))}
 
 
+def seconds_since_process_start() -> float:
+    """Wall seconds since this process was created (its imports and start-up included)."""
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
 def host_rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 

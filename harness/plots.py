@@ -1,4 +1,4 @@
-"""PNG charts for ablations, sweeps and the matrix report (matplotlib, headless Agg backend).
+"""PNG charts for ablations, sweeps, learning curves and the matrix report (matplotlib, headless Agg backend).
 
 Charts are drawn so that they cannot mislead:
 
@@ -8,6 +8,8 @@ Charts are drawn so that they cannot mislead:
 - throughput of unrelated categories (presets, non-numeric values) is grouped bars, never a
   line between them; only a sweep over numeric values draws a line;
 - every throughput axis starts at 0, so a small difference is drawn as small.
+- learning curves show the median over seeds with its interquartile band, so the spread
+  between seeds is drawn with the middle.
 
 Each function saves its PNG and returns the Figure (closed to pyplot, still inspectable).
 """
@@ -204,6 +206,32 @@ def sweep_chart(path: Path, title: str, x_label: str, x_values: list[str],
     ax.set_xticks([numbers[i] for i in order], [x_values[i] for i in order])
     ax.set_xlabel(x_label)
     _zero_based(ax, y_label)
+    ax.set_title(title)
+    if series:
+        ax.legend(loc="best", fontsize="small")
+    return _finish(fig, path)
+
+
+Band = tuple[Sequence[float | None], Sequence[float | None], Sequence[float | None]]
+"""(median, 25 %, 75 %) per x value; None where no seed has a value."""
+
+
+def learning_chart(path: Path, title: str, x_values: Sequence[int], series: dict[str, Band], y_label: str) -> Figure:
+    """Per series, the median and its interquartile band over seeds against env steps, drawn as the step
+    functions they are (gaps where None)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, (median, low, high) in series.items():
+        def values(column: Sequence[float | None]) -> list[float]:
+            return [math.nan if v is None else v for v in column]
+
+        line, = ax.plot(x_values, values(median), label=label, drawstyle="steps-post")
+        ax.fill_between(x_values, values(low), values(high), color=line.get_color(), alpha=0.2, linewidth=0,
+                        step="post")
+    ax.set_xlim(left=0)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(y_label)
+    ax.grid(alpha=0.3)
     ax.set_title(title)
     if series:
         ax.legend(loc="best", fontsize="small")

@@ -54,9 +54,19 @@ ROWS: list[tuple[str, Callable[[RunResult], Any], Callable[[Any], str], bool]] =
     ("peak_host_rss_mb", lambda r: r.metrics["peak_host_rss_mb"], lambda v: _fmt(v, 0), True),
     ("peak_device_mem_mb", lambda r: r.metrics["peak_device_mem_mb"], lambda v: _fmt(v, 0), True),
     ("device_utilization_pct", lambda r: r.metrics["device_utilization_pct"], lambda v: _fmt(v, 0), True),
+    ("gpu_utilization_pct (NVML, mean)", lambda r: r.metrics.get("gpu_utilization_pct"), lambda v: _fmt(v, 0), True),
+    ("gpu_peak_memory_mb (NVML, all processes)", lambda r: r.metrics.get("gpu_peak_memory_mb"), lambda v: _fmt(v, 0),
+     True),
     ("warmup_s", lambda r: r.metrics["warmup_s"], _fmt, True),
+    ("end_to_end_env_steps_per_sec", lambda r: r.metrics.get("end_to_end_env_steps_per_sec"), lambda v: _fmt(v, 0),
+     True),
+    ("end_to_end_s", lambda r: r.metrics.get("end_to_end_s"), _fmt, True),
     ("mean_return_last_k", lambda r: r.metrics["mean_return_last_k"], lambda v: _fmt(v, 1), False),
 ]
+
+
+SHOWN_IF_RECORDED = {"gpu_utilization_pct (NVML, mean)", "gpu_peak_memory_mb (NVML, all processes)"}
+"""Rows left out when no run has a value (NVML's readings exist for CUDA runs only)."""
 
 
 def _phase_share(result: RunResult, phase: str) -> float | None:
@@ -93,7 +103,8 @@ def _ratio_cell(label: str, base: RunResult, cand: RunResult, value: Callable[[R
 
 def results_table(results: list[RunResult]) -> Table:
     """Metric rows, one column per run; with two runs, a ratio column (second / first)."""
-    table = Table(title=f"{results[0].preset}: " + " vs ".join(r.variant for r in results) + f" on {results[0].config['device']}")
+    devices = list(dict.fromkeys(str(r.config["device"]) for r in results))  # several: a device comparison
+    table = Table(title=f"{results[0].preset}: " + " vs ".join(r.variant for r in results) + f" on {', '.join(devices)}")
     table.add_column("metric")
     for result in results:
         table.add_column(result.variant + ("" if result.status == "ok" else f" ({result.status})"), justify="right")
@@ -101,6 +112,8 @@ def results_table(results: list[RunResult]) -> Table:
     if pair:
         table.add_column(f"ratio {results[1].variant}/{results[0].variant}", justify="right")
     for label, value, fmt, has_ratio in ROWS:
+        if label in SHOWN_IF_RECORDED and all(value(r) is None for r in results):
+            continue
         cells = [fmt(value(r)) for r in results]
         if pair:
             cells.append(_ratio_cell(label, results[0], results[1], value) if has_ratio else "")

@@ -120,8 +120,12 @@ class _Metrics(_Open):
     peak_host_rss_mb: Optional[Number] = None
     peak_device_mem_mb: Optional[Number] = None
     device_utilization_pct: Optional[Number] = None
+    gpu_utilization_pct: Optional[Annotated[Number, Field(ge=0, le=100)]] = None
+    gpu_peak_memory_mb: Optional[Annotated[Number, Field(ge=0)]] = None
     host_syncs_per_step: Optional[Number] = None
     warmup_s: Optional[Number] = None
+    end_to_end_s: Optional[Annotated[Number, Field(ge=0)]] = None
+    end_to_end_env_steps_per_sec: Optional[Annotated[Number, Field(ge=0)]] = None
     mean_return_last_k: Optional[Number] = None
 
 

@@ -26,6 +26,7 @@ from reference_trainers.common.resolve import Resolution, optimisation_summary, 
 from . import metrics, quality
 from .checkpoints import Checkpointing
 from .errors import UserError
+from .gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
 from .machine_state import OthersMeter, Snapshot, free_cores
 from .own_trainer import OwnConfig, resolve_own
 from .presets import VariantSpec
@@ -58,6 +59,9 @@ class _Live:
     probe: metrics.TimingProbe = field(default_factory=metrics.TimingProbe)
     started_at: str = ""
     warmup_s: float = 0.0
+    warmup_env_steps: int = 0
+    startup_s: float = 0.0
+    """Seconds from the process's start to the run's (imports, parsing): every arm waits for them."""
     warmup_done: bool = False
     env_rates: list[float] = field(default_factory=list)
     agent_rates: list[float] = field(default_factory=list)
@@ -76,10 +80,12 @@ class _Live:
     torch_threads: int | None = None
     threads_capped_from: int | None = None
     snapshot: Snapshot | None = None
+    gpu: GpuMonitor | None = None
+    """NVML sampling of a CUDA run's timed segments (None elsewhere, or without pynvml)."""
     error: str | None = None
     status: str = "ok"
 
-    _PROGRESS = ("started_at", "warmup_s", "warmup_done", "env_rates", "agent_rates", "update_rates",
+    _PROGRESS = ("started_at", "warmup_s", "warmup_env_steps", "warmup_done", "env_rates", "agent_rates", "update_rates",
                  "cpu_per_1k", "others_shares", "timed_seconds", "cpu_seconds", "timed_steps", "peak_rss_mb")
 
     def progress(self) -> dict[str, Any]:
@@ -159,7 +165,8 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                  say: Callable[[str], None] = print,
                  checkpointing: Checkpointing | None = None) -> tuple[list[RunResult], bool]:
     """Measure each spec (continuing ``checkpointing.resumed`` if given); returns (results, interrupted)."""
-    lives = [_Live(spec, res) for spec, res in zip(specs, resolve_specs(specs))]
+    startup_s = metrics.seconds_since_process_start()
+    lives = [_Live(spec, res, startup_s=startup_s) for spec, res in zip(specs, resolve_specs(specs))]
     run = _Run(lives, checkpointing)
     for live in lives:
         if live.spec.build is None:
@@ -201,6 +208,8 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
             for live in lives:
                 if live.trainer is not None:
                     live.trainer.close()
+                if live.gpu is not None:
+                    live.gpu.close()
             dev.restore_process_settings(saved)
             dev.cap_default_threads(None)
     return [_result(live) for live in lives], interrupted
@@ -247,9 +256,11 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
         else:
             live.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         dev.reset_peak_memory(live.resolution.device)
+        live.gpu = open_monitor(live.resolution.device)
         while not live.warmup_done:
             if live.trainer.iterations and distributed.agreed_min(live.trainer.env_steps) >= budget:
                 live.warmup_done = True
+                live.warmup_env_steps = live.trainer.env_steps
                 break
             done = live.trainer.iterate()
             progress.advance(done.env_steps, live.trainer.env_steps)
@@ -284,6 +295,8 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
     cpu = metrics.ProcessCpu()
     others = OthersMeter(cpu.seconds)
     others.start()
+    if live.gpu is not None:
+        live.gpu.start()
     clock = _Clock(cpu)
 
     def account() -> None:
@@ -318,6 +331,8 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
     finally:
         live.probe.enabled = False
         account()
+        if live.gpu is not None:
+            live.gpu.stop()
         live.timed_seconds += seg.seconds
         live.cpu_seconds += seg.cpu_seconds
         live.timed_steps += seg.frames
@@ -357,6 +372,16 @@ def _latency_and_sentinels(live: _Live) -> None:
     live.float64_ops, live.float64_site = wide.count, wide.first_site
 
 
+def _end_to_end(live: _Live, measured: bool) -> dict[str, float | None]:
+    """What a user who runs this arm alone waits: the process's start-up, the trainer's construction
+    and warm-up (compilation included) and the timed training; and env steps over that whole time."""
+    if not measured:
+        return {"end_to_end_s": None, "end_to_end_env_steps_per_sec": None}
+    seconds = live.startup_s + live.warmup_s + live.timed_seconds
+    steps = live.warmup_env_steps + live.timed_steps
+    return {"end_to_end_s": seconds, "end_to_end_env_steps_per_sec": steps / seconds if seconds > 0 else None}
+
+
 def _summed_over_ranks(per_rank: list[list[float]]) -> list[float]:
     """Per-repeat rates of every rank added up (unchanged in a single process)."""
     return [float(sum(values)) for values in zip(*per_rank)]
@@ -372,8 +397,11 @@ def _result(live: _Live) -> RunResult:
     live.timed_steps = sum(distributed.gather(live.timed_steps))
     measured = bool(rates)
     util = None
+    gpu = gpu_metrics(live.gpu)
     if measured and live.resolution.device.type == "cpu" and live.timed_seconds > 0:
         util = 100.0 * live.cpu_seconds / live.timed_seconds
+    elif measured and live.resolution.device.type == "cuda":
+        util = gpu["gpu_utilization_pct"]  # NVML's, as on CUDA device_utilization_pct means the GPU's
     metrics_block = {
         "env_steps_per_sec": metrics.spread(rates) if measured else None,
         "agent_steps_per_sec": metrics.spread(live.agent_rates) if measured else None,
@@ -384,8 +412,10 @@ def _result(live: _Live) -> RunResult:
         "peak_host_rss_mb": live.peak_rss_mb or metrics.host_rss_mb(),
         "peak_device_mem_mb": dev.peak_device_memory_mb(live.resolution.device),
         "device_utilization_pct": util,
+        **gpu,
         "host_syncs_per_step": live.syncs_per_step,
         "warmup_s": live.warmup_s,
+        **_end_to_end(live, measured),
         "mean_return_last_k": trainer.mean_recent_return() if trainer is not None else None,
     }
     if len(env_rates_by_rank) > 1 and measured:

@@ -36,7 +36,8 @@ rows are never rewritten. Columns:
 - `date`: when the run started (UTC); `milestone`: the name given to `record`.
 - `commit`: the measured code (short hash; `+dirty` when it had uncommitted changes).
 - `machine`: CPU, cores, torch build and the intra-op threads the run used; `device`: what it
-  trained on.
+  trained on (on CUDA with nvidia-ml-py: the GPU's mean utilisation and peak memory in use, all
+  processes, during the timed segments, from NVML).
 - `preset`, `variant`: what ran (`baseline`: every plain path; `optimized`: the preset's best
   settings for the device; a config file's runs carry its name and `config`).
 - `env_steps_per_sec`: environment frames per second of the timed loop, median [min-max] over
@@ -87,7 +88,11 @@ def _machine(run: RunResult) -> str:
 
 def _device(run: RunResult) -> str:
     device, name = str(run.machine.get("device") or run.config.get("device", "?")), run.machine.get("device_name")
-    return f"{device} ({name})" if name and device != "cpu" and name != device else device
+    util, memory = run.metrics.get("gpu_utilization_pct"), run.metrics.get("gpu_peak_memory_mb")
+    nvml = "" if util is None else f"; NVML: {util:.0f} % busy" + (
+        "" if memory is None else f", {memory:,.0f} MB in use at peak")
+    return f"{device} ({name}{nvml})" if name and device != "cpu" and name != device else device + (
+        f" ({nvml[2:]})" if nvml else "")
 
 
 def _rate(run: RunResult) -> str:

@@ -84,7 +84,7 @@ BROKEN_ROW = new_file_text() + "| only | three | cells |\n"
 Case = tuple[Callable[[Workspace], list[str]], str]
 _REQUIRED_ARGS = lambda w: {"run": [PRESET], "config": [PRESET], "compare": [str(w.good)],  # noqa: E731
                             "record": ["--milestone", "m", str(w.good)], "ablate": [PRESET],
-                            "sweep": [PRESET, "--param", "env.num_envs=1,2"]}
+                            "sweep": [PRESET, "--param", "env.num_envs=1,2"], "learn": [PRESET]}
 
 CASES: dict[str, Case] = {
     # ----- malformed YAML, in every place YAML is read

@@ -9,7 +9,7 @@ import torch
 
 from conftest import TINY
 from harness.cli import main
-from harness.diagnose import Facts, advise, env_ceiling, phase_shares
+from harness.diagnose import Facts, advise, env_ceiling, facts_from, phase_shares
 from harness.environment import environment_lines, environment_report, try_compile
 from harness.presets import specs_for
 from reference_trainers.common.resolve import resolve_config
@@ -153,3 +153,21 @@ def test_diagnose_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[
     captured = capsys.readouterr()
     assert code == 2 and message in captured.err and len(captured.err.strip().splitlines()) == 1
     assert captured.out == ""
+
+
+def _cuda_run(num_envs: int, device: str = "cuda:0"):  # noqa: ANN202 - a RunResult
+    run = make_result("optimized", device=device)
+    run.config.update({"algo": "ppo", "env": {"id": "CartPole-v1", "num_envs": num_envs, "vectorization": "native"},
+                       "model": {"body": "mlp", "recurrent": "none"},
+                       "optimizations": {**PLAIN, "batch_inference": True, "sync_free_logging": True}})
+    return run
+
+
+def test_a_cuda_run_with_few_envs_is_latency_bound_and_told_to_measure_the_cpu_beside_it() -> None:
+    advice = {a["rule"]: a["advice"] for a in advise(facts_from(_cuda_run(16), None, None))}
+    assert "latency_bound" in advice
+    text = advice["latency_bound"]
+    assert "16 envs on cuda:0" in text and "latency-bound at this batch size" in text
+    assert "`rlgauge run ppo-cartpole --device cpu,cuda:0`" in text and "not the fastest device" in text
+    assert "latency_bound" not in rules(facts_from(_cuda_run(2048), None, None))  # a GPU-scale batch
+    assert "latency_bound" not in rules(facts_from(_cuda_run(16, device="cpu"), None, None))

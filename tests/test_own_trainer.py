@@ -313,3 +313,36 @@ def test_gate_run_and_record_take_a_users_trainer(project: Path, capsys) -> None
     rows = [l for l in (project / "RUNS.md").read_text().splitlines() if "| mine |" in l]
     assert len(rows) == 2 and "| bench | optimized |" in rows[1]
     assert runs_of(project / "r.json")[0]["git"]["commit"] is None  # the user's folder, not rlgauge's checkout
+
+
+def test_end_to_end_time_covers_start_up_build_warm_up_and_the_timed_steps(project: Path, capsys) -> None:
+    code, out, err = run_cli(capsys, "run", "bench.yaml", "--out", "r.json", "--quiet")
+    assert code == 0, err
+    assert "end_to_end_env_steps_per_sec" in out
+    for run in runs_of(project / "r.json"):
+        m = run["metrics"]
+        timed_s = 3 * 256 / m["env_steps_per_sec"]["median"]  # about: the timed seconds
+        assert m["end_to_end_s"] > m["warmup_s"] + 0.5 * timed_s
+        steps = run["steps_completed"] + 64  # at least the warm-up budget
+        assert m["end_to_end_env_steps_per_sec"] == pytest.approx(steps / m["end_to_end_s"], rel=0.5)
+        assert m["end_to_end_env_steps_per_sec"] < m["env_steps_per_sec"]["max"]
+
+
+def test_ablate_measures_the_keys_in_which_the_users_variants_differ(project: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "ablate", "bench.yaml", "--steps", "256", "--repeats", "3", "--set",
+                           "run.warmup_steps=64", "--quiet", "--out", "abl")
+    assert code == 0, err
+    summary = json.loads((project / "abl" / "ablation.json").read_text())
+    text = json.dumps(summary)
+    assert '"n"' in text and '"threads"' in text  # bench.yaml's optimized sets n: 64 and threads: 1
+    arms = {r["variant"]: r for r in runs_of(project / "abl" / "runs.json")}
+    assert set(arms) == {"baseline", "+n", "+threads", "all-on", "-n", "-threads"}
+    assert arms["+n"]["config"]["config"] == {"n": 64} and arms["-n"]["config"]["config"] == {"n": 32, "threads": 1}
+
+
+def test_sweep_runs_over_a_users_key(project: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "sweep", "bench.yaml", "--param", "n=16,48", "--steps", "256", "--repeats", "3",
+                           "--set", "run.warmup_steps=64", "--quiet", "--out", "sw")
+    assert code == 0, err
+    runs = runs_of(project / "sw" / "runs.json")
+    assert sorted(r["config"]["config"]["n"] for r in runs) == [16, 48]

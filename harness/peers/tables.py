@@ -31,7 +31,9 @@ def peer_table(results: list[RunResult], peer: str) -> Table:
     ref = next(r for r in results if r.variant == peer)
     table = Table(title=f"{ref.preset}: ours vs {peer}, interleaved in one process on {ref.config['device']}")
     for column, justify in (("run", "left"), ("env_steps_per_sec median [min-max]", "right"),
-                            (f"ratio to {peer} (paired median [95% CI])", "right"), ("mean_return_last_k", "right")):
+                            (f"ratio to {peer} (paired median [95% CI])", "right"),
+                            ("end-to-end ratio (start-up, build, warm-up, timed)", "right"),
+                            ("mean_return_last_k", "right")):
         table.add_column(column, justify=justify)
     ref_rate = ref.metrics.get("env_steps_per_sec") if ref.status == "ok" else None
     for run in results:
@@ -39,5 +41,7 @@ def peer_table(results: list[RunResult], peer: str) -> Table:
         ratio = paired_ratio(ref_rate["samples"], rate["samples"]).fmt() if rate and ref_rate else "-"
         ret = run.metrics.get("mean_return_last_k")
         name = f"{peer}" if run is ref else f"ours {run.variant}"
-        table.add_row(escape(name), escape(_rate(run)), escape(ratio), "-" if ret is None else f"{ret:.1f}")
+        ends = run.metrics.get("end_to_end_env_steps_per_sec"), ref.metrics.get("end_to_end_env_steps_per_sec")
+        end_ratio = f"{ends[0] / ends[1]:.2f}x" if all(ends) else "-"
+        table.add_row(escape(name), escape(_rate(run)), escape(ratio), end_ratio, "-" if ret is None else f"{ret:.1f}")
     return table

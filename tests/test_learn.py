@@ -1,0 +1,190 @@
+"""``rlgauge learn``: the grid, the bootstrap verdicts, the outputs, bad input and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY
+
+from harness.cli import main
+from harness.learn import LESS, SAME, aggregate, bootstrap_difference, compare, final_count, make_grid, on_grid, verdict
+
+TINY_SETS = [a for item in TINY for a in ("--set", item)]
+SMALL = ["--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet"]
+"""Two seeds of 1,000 env steps: the least CartPole with 2 envs takes (2 x its 500-step episodes)."""
+
+
+def _load(out: Path) -> dict:
+    return json.loads((out / "learn.json").read_text())
+
+
+# --------------------------------------------------------------------------- the grid and the statistics
+
+def test_grid_is_evenly_spaced_up_to_the_budget() -> None:
+    grid = make_grid(1000)
+    assert len(grid) == 50 and grid[0] == 20 and grid[-1] == 1000
+    assert make_grid(10) == list(range(1, 11))  # a budget below 50 points: one point per step
+
+
+def test_on_grid_is_the_last_value_at_or_before_each_point() -> None:
+    points = [(32, None), (64, 10.0), (96, 20.0)]
+    assert on_grid(points, [16, 32, 63, 64, 80, 96, 128]) == [None, None, None, 10.0, 10.0, 20.0, None]
+
+
+def test_aggregate_is_median_and_quartiles_over_seeds_with_values() -> None:
+    agg = aggregate([[None, 1.0, 2.0], [None, 3.0, None], [None, 5.0, 4.0]])
+    assert agg["n"] == [0, 3, 2]
+    assert agg["median"] == [None, 3.0, 3.0]
+    assert agg["q25"][1] == 2.0 and agg["q75"][1] == 4.0
+
+
+def test_identical_arms_give_an_interval_holding_zero() -> None:
+    returns = [100.0, 120.0, 140.0, 110.0, 130.0]
+    diff = bootstrap_difference(returns, list(returns))
+    assert diff.value == 0.0 and diff.low < 0.0 < diff.high
+    assert verdict(diff) == SAME
+
+
+def test_an_arm_50_below_learns_less() -> None:
+    a = np.array([100.0, 120.0, 140.0, 110.0, 130.0])
+    diff = bootstrap_difference(a - 50.0, a)
+    assert diff.value == pytest.approx(-50.0) and diff.high < 0.0
+    assert verdict(diff) == LESS
+    ahead = bootstrap_difference(a, a - 50.0)  # the first arm ahead: the interval above 0 is "same learning"
+    assert ahead.low > 0.0 and verdict(ahead) == SAME
+
+
+def test_bootstrap_is_reproducible() -> None:
+    assert bootstrap_difference([1.0, 5.0, 9.0], [2.0, 3.0]) == bootstrap_difference([1.0, 5.0, 9.0], [2.0, 3.0])
+
+
+def test_compare_counts_only_points_where_every_curve_has_a_value() -> None:
+    first = [[None, 10.0, 20.0, 30.0], [None, None, 22.0, 32.0]]
+    second = [[5.0, 10.0, 20.0, 30.0], [5.0, 12.0, 22.0, 32.0]]
+    final, auc = compare("a", "b", first, second, 4)
+    assert final_count(4) == 1 and final["grid_points"] == 1 and final["difference"] == pytest.approx(0.0)
+    assert auc["grid_points"] == 2 and auc["difference"] == pytest.approx(0.0)  # not the first two: a curve lacks them
+    short = compare("a", "b", first[:1], second, 4)
+    assert all(row["verdict"].startswith("no verdict") and "low" not in row for row in short)
+
+
+def test_a_verdict_needs_three_seeds_per_arm() -> None:
+    behind = [[10.0, 20.0], [11.0, 21.0], [12.0, 22.0]]
+    ahead = [[60.0, 70.0], [61.0, 71.0], [62.0, 72.0]]
+    assert [row["verdict"] for row in compare("a", "b", behind, ahead, 2)] == [LESS, LESS]
+    two = compare("a", "b", behind[:2], ahead, 2)
+    assert [row["verdict"] for row in two] == ["no verdict: 2 seeds (needs 3)"] * 2 and two[0]["high"] < 0
+
+
+# --------------------------------------------------------------------------- the command
+
+def test_learn_writes_curves_aggregates_verdicts_and_a_chart(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "learn"
+    code = main(["learn", "ppo-cartpole", *SMALL, "--out", str(out)])
+    data = _load(out)
+    assert code == 0
+    assert (out / "learn.png").read_bytes()[:4] == b"\x89PNG"
+    assert data["interrupted"] is False and data["settings"]["seeds"] == [1, 2]
+    assert [a["name"] for a in data["arms"]] == ["baseline", "optimized"]
+    assert all(a["wall_s"] > 0 and a["kind"] == "ours" for a in data["arms"])
+    grid = data["grid"]
+    assert grid[-1] == 1000 and data["settings"]["min_steps"] == 1000
+    for arm in ("baseline", "optimized"):
+        seeds = data["curves"][arm]
+        assert [c["seed"] for c in seeds] == [1, 2] and all(c["complete"] and c["env_steps"] >= 1000 for c in seeds)
+        assert all(len(c["on_grid"]) == len(grid) and c["on_grid"][-1] is not None for c in seeds)
+        assert set(data["aggregates"][arm]) == {"median", "q25", "q75", "n"}
+        assert data["aggregates"][arm]["n"][-1] == 2
+    assert [(v["first"], v["second"], v["metric"]) for v in data["verdicts"]] == [
+        ("optimized", "baseline", "final_return"), ("optimized", "baseline", "auc")]
+    assert all(v["low"] <= v["difference"] <= v["high"] for v in data["verdicts"])
+    assert all(v["verdict"] == "no verdict: 2 seeds (needs 3)" for v in data["verdicts"])  # an interval, no verdict
+    markdown = (out / "learn.md").read_text()
+    assert "| optimized vs baseline | final return |" in markdown and "95 % CI" in markdown
+    captured = capsys.readouterr()
+    assert markdown in captured.out and "learn with --seeds 3 or more" in captured.err
+
+
+def test_peer_arm_is_trained_and_compared(tmp_path: Path) -> None:
+    pytest.importorskip("stable_baselines3")
+    out = tmp_path / "learn"
+    main(["learn", "ppo-cartpole-sb3", "--peer", "sb3", *SMALL, "--set", "optimizations.compile_train_step=false",
+          "--out", str(out)])
+    data = _load(out)
+    assert [(a["name"], a["kind"]) for a in data["arms"]] == [("baseline", "ours"), ("optimized", "ours"),
+                                                              ("sb3", "peer")]
+    assert data["arms"][2]["config"]["trainer"] == "harness.peers.sb3:make_trainer"
+    assert all(c["complete"] for c in data["curves"]["sb3"])
+    assert [(v["first"], v["second"]) for v in data["verdicts"][::2]] == [
+        ("optimized", "sb3"), ("baseline", "sb3"), ("optimized", "baseline")]
+
+
+def _without_sb3(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import peers
+
+    real_import = peers.importlib.import_module
+
+    def without_sb3(name: str):
+        if name == "stable_baselines3":
+            raise ImportError(name)
+        return real_import(name)
+
+    monkeypatch.setattr(peers.importlib, "import_module", without_sb3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "1"], "--seeds 1: learn needs at least 2 seeds"),
+    (["--seeds", "2", "--steps", "600"], "--steps 600: too short for learn: CartPole-v1 episodes last up to 500"),
+    (["--peer", "nope"], "--peer 'nope': unknown peer; accepted: sb3"),
+    (["--peer", "sb3", "no-sb3"], "install it with pip install 'rlgauge[peers]'"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                            message: str) -> None:
+    if "no-sb3" in argv:
+        argv.remove("no-sb3")
+        _without_sb3(monkeypatch)
+    out = tmp_path / "learn"
+    code = main(["learn", "ppo-cartpole", *TINY_SETS, *argv, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rlgauge: error: ") and not out.exists()
+
+
+def test_ctrl_c_writes_what_was_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from reference_trainers.ppo import PPOTrainer
+
+    real_iterate, calls = PPOTrainer.iterate, []
+
+    def iterate(self: PPOTrainer):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return real_iterate(self)
+
+    monkeypatch.setattr(PPOTrainer, "iterate", iterate)
+    out = tmp_path / "learn"
+    assert main(["learn", "ppo-cartpole", *SMALL, "--out", str(out)]) == 130
+    data = _load(out)
+    assert data["interrupted"] is True
+    recorded = [c for arm in data["curves"].values() for c in arm]
+    assert sum(len(c["points"]) for c in recorded) == 6 and not any(c["complete"] for c in recorded)
+    assert all(v["verdict"].startswith("no verdict") for v in data["verdicts"])
+    assert "(interrupted)" in (out / "learn.md").read_text() and (out / "learn.png").exists()
+    assert "interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.machine_load  # fair threads see the real load: threads spinning against a neighbour take many times longer
+def test_both_variants_learn_alike(tmp_path: Path) -> None:
+    """Learning parity of ppo-cartpole-sb3's variants: 3 seeds of 30,000 env steps each."""
+    out = tmp_path / "learn"
+    main(["learn", "ppo-cartpole-sb3", "--seeds", "3", "--steps", "30000", "--device", "cpu", "--quiet",
+          "--out", str(out)])
+    verdicts = [v for v in _load(out)["verdicts"] if (v["first"], v["second"]) == ("optimized", "baseline")]
+    assert [v["verdict"] for v in verdicts] == [SAME, SAME], verdicts
