@@ -78,7 +78,8 @@ def _phase_share(result: RunResult, phase: str) -> float | None:
 def _fmt_quality(result: RunResult) -> str:
     if result.quality is None:
         return "-"
-    return "yes" if result.quality["trustworthy"] else f"NO ({len(result.quality['reasons'])} reasons below)"
+    count = len(result.quality["reasons"])
+    return "yes" if result.quality["trustworthy"] else f"NO ({count} reason{'s' * (count != 1)} below)"
 
 
 def paired_ratio(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> tuple[float, float, float] | None:

@@ -3,7 +3,9 @@
 ``measure_rss_growth(preset, variant, steps=...)`` builds the variant's trainer, runs a
 warm-up long enough to fill everything that legitimately grows (allocator pools, compiled
 code and, for DQN/IQN, the replay buffer up to its capacity), then samples the process's
-resident set size (RSS) at even intervals over ``steps`` more env steps. Growth is the
+resident set size (RSS) at even intervals over ``steps`` more env steps, each sample taken after a
+garbage collection and (on glibc) ``malloc_trim``, so that it counts memory in use rather than
+what the allocator keeps cached. Growth is the
 least-squares slope of RSS against env steps, per 100k env steps, as a percentage of the
 RSS when the measured window began; a steady leak shows as a slope, allocator noise does
 not. ``python -m harness.rss_growth`` prints one row per preset and variant, each measured in
@@ -18,6 +20,7 @@ import gc
 import json
 import multiprocessing
 from dataclasses import asdict, dataclass
+from typing import Callable
 import numpy as np
 
 from reference_trainers import build_trainer
@@ -61,6 +64,30 @@ def leak_free_warmup(config) -> int:  # noqa: ANN001 - a TrainConfig
     return warmup
 
 
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None elsewhere): hands freed heap pages back to the system."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def retained_rss_mb() -> float:
+    """RSS after a garbage collection and, on glibc, ``malloc_trim``: memory still in use, not what the
+    allocator keeps cached. Without the trim, RSS of frame-heavy presets (Pong) swings by tens of MB
+    between samples while the live objects and tensors stay constant, and a short window's slope
+    reads that swing as growth."""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+    return metrics.host_rss_mb()
+
+
 def growth_per_100k(samples: list[tuple[int, float]]) -> tuple[float, float]:
     """(MB, % of the first sample) of RSS growth per 100k env steps: least-squares slope of the samples."""
     steps = np.array([s for s, _ in samples], dtype=np.float64)
@@ -82,15 +109,14 @@ def measure_rss_growth(preset: str, variant: str, *, steps: int = 200_000, sampl
     try:
         while trainer.env_steps < warmup:
             trainer.iterate()
-        gc.collect()
         start = trainer.env_steps
         every = max(1, steps // max(1, samples - 1))
-        points = [(0, metrics.host_rss_mb())]
+        points = [(0, retained_rss_mb())]
         while trainer.env_steps - start < steps:
             trainer.iterate()
             done = trainer.env_steps - start
             if done - points[-1][0] >= every or done >= steps:
-                points.append((done, metrics.host_rss_mb()))
+                points.append((done, retained_rss_mb()))
     finally:
         trainer.close()
         dev.restore_process_settings(saved)
