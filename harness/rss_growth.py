@@ -5,7 +5,9 @@ warm-up long enough to fill everything that legitimately grows (allocator pools,
 code and, for DQN/IQN, the replay buffer up to its capacity), then samples the process's
 resident set size (RSS) at even intervals over ``steps`` more env steps, each sample taken after a
 garbage collection and (on glibc) ``malloc_trim``, so that it counts memory in use rather than
-what the allocator keeps cached. Growth is the
+what the allocator keeps cached; each point is the lowest reading after any iteration since the
+previous point, so a transient (a batch in flight at one reading) is not read as growth, while a
+leak raises every reading. Growth is the
 least-squares slope of RSS against env steps, per 100k env steps, as a percentage of the
 RSS when the measured window began; a steady leak shows as a slope, allocator noise does
 not. ``python -m harness.rss_growth`` prints one row per preset and variant, each measured in
@@ -112,11 +114,15 @@ def measure_rss_growth(preset: str, variant: str, *, steps: int = 200_000, sampl
         start = trainer.env_steps
         every = max(1, steps // max(1, samples - 1))
         points = [(0, retained_rss_mb())]
+        lowest = None  # the smallest reading since the last point: a transient (a batch in flight) is not growth
         while trainer.env_steps - start < steps:
             trainer.iterate()
             done = trainer.env_steps - start
+            rss = retained_rss_mb()
+            lowest = rss if lowest is None else min(lowest, rss)
             if done - points[-1][0] >= every or done >= steps:
-                points.append((done, retained_rss_mb()))
+                points.append((done, lowest))
+                lowest = None
     finally:
         trainer.close()
         dev.restore_process_settings(saved)

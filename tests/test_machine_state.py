@@ -184,8 +184,17 @@ def test_an_explicit_thread_count_is_never_capped(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.serial
 @pytest.mark.machine_load
+def _quiet_or_skip(busy: float) -> None:
+    """These tests plant a neighbour on a quiet machine; on one that others already keep busy they can
+    say nothing (the verdict logic itself is tested above on recorded states)."""
+    if busy > 0.5:
+        pytest.skip(f"needs a quiet machine to plant a neighbour on: other processes keep {busy:.1f} of "
+                    f"{machine_state.usable_cores()} cores busy")
+
+
 def test_the_meter_sees_a_real_busy_neighbour() -> None:
     quiet = machine_state.busy_cores_now(0.5)
+    _quiet_or_skip(quiet)
     with busy_neighbours(1):
         busy = machine_state.busy_cores_now(0.5)
     assert busy > quiet + 0.5
@@ -194,7 +203,10 @@ def test_the_meter_sees_a_real_busy_neighbour() -> None:
 @pytest.mark.serial
 @pytest.mark.machine_load
 def test_the_quality_verdict_flips_when_real_busy_processes_run_beside_a_run() -> None:
+    _quiet_or_skip(machine_state.busy_cores_now(0.5))
     quiet = _run(variant="optimized")
+    if any("other processes took" in reason for reason in quiet.quality["reasons"]):
+        pytest.skip(f"needs a quiet machine to plant a neighbour on: {quiet.quality['reasons'][0]}")
     with busy_neighbours(machine_state.usable_cores()):
         loaded = _run(variant="optimized")
     assert quiet.quality["trustworthy"] is True, quiet.quality["reasons"]
