@@ -62,8 +62,17 @@ def leak_free_warmup(config) -> int:  # noqa: ANN001 - a TrainConfig
     warmup = config.run.warmup_steps
     if config.algo in VALUE_BASED:
         hp = getattr(config, config.algo)
-        warmup = max(warmup, (3 * hp.buffer_size + hp.learning_starts) * config.env.action_repeat)
+        warmup = max(warmup, (3 * hp.buffer_size + hp.learning_starts) * frames_per_transition(config))
     return warmup
+
+
+def frames_per_transition(config) -> int:  # noqa: ANN001 - a TrainConfig
+    """Env steps (frames) behind one stored transition: ``env.action_repeat`` times, for Atari
+    preprocessing, its frame skip (the replay fills 4x slower in frames than in transitions)."""
+    frames = config.env.action_repeat
+    if config.env.preprocessing == "atari":
+        frames *= config.env.atari.frame_skip
+    return frames
 
 
 def _libc_malloc_trim() -> Callable[[int], int] | None:

@@ -28,6 +28,10 @@ def test_the_warm_up_covers_filling_and_turning_over_the_replay_buffer() -> None
     dqn = build_config({}, ["algo=dqn", "run.warmup_steps=2048", "dqn.buffer_size=50000", "dqn.learning_starts=1000"])
     assert leak_free_warmup(ppo) == 2048
     assert leak_free_warmup(dqn) == 3 * 50_000 + 1000
+    # Atari: every transition is frame_skip env steps (frames), so the replay fills in 4x the env steps
+    pong = build_config({}, ["algo=dqn", "env.id=ALE/Pong-v5", "env.preprocessing=atari", "env.atari.frame_skip=4",
+                             "run.warmup_steps=0", "dqn.buffer_size=5000", "dqn.learning_starts=256"])
+    assert leak_free_warmup(pong) == (3 * 5000 + 256) * 4
 
 
 def test_a_planted_leak_is_reported_as_growth_above_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
