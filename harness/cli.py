@@ -522,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         debug = debug_from_env(os.environ.get(DEBUG_ENV))
         args = build_parser().parse_args(argv)
         debug = debug or args.debug
-        if debug:  # a trainer's failure inside a run logs its traceback at debug level
-            logging.getLogger("rlgauge").setLevel(logging.DEBUG)
+        # a trainer's failure inside a run logs its traceback at debug level (reset each call: in-process callers)
+        logging.getLogger("rlgauge").setLevel(logging.DEBUG if debug else logging.NOTSET)
         with stop_on_signals():  # SIGTERM ends a command as Ctrl-C does: cleanly, exit code 130
             return COMMANDS[args.command](args)
     except (UserError, ConfigError) as exc:

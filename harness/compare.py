@@ -276,7 +276,7 @@ def describe_method(pair: Pair, confidence: float = CONFIDENCE, n: int | None = 
         level = f"{n} repeat{'s' * (n != 1)}: the range of the ratios, not a confidence interval"
     if pair.paired:
         return f"paired (repeats interleaved in one process): median of per-round ratios [{level}]"
-    return f"independent (two processes, or runs not interleaved): ratio of medians [{level}]"
+    return f"independent (not interleaved: two processes, or runs one after another): ratio of medians [{level}]"
 
 
 def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str | None = None,

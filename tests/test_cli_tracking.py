@@ -53,7 +53,7 @@ def test_compare_two_files_prints_each_matched_run_with_intervals(files: dict[st
     flat = " ".join(out.split())
     assert "ppo-cartpole/baseline" in out and "ppo-cartpole/optimized" in out
     assert "0.80x [" in out and "worse, confirmed" in out
-    assert "independent (two processes)" in flat
+    assert "independent (not interleaved: two processes" in flat
 
 
 def test_compare_one_file_compares_its_variants_paired(files: dict[str, Path],

@@ -131,7 +131,7 @@ def test_cpu_seconds_follow_the_work_not_the_wall_clock(monkeypatch: pytest.Monk
     cpu = (slept.metrics["cpu_seconds_per_1k_env_steps"]["median"]
            / plain.metrics["cpu_seconds_per_1k_env_steps"]["median"])
     assert wall < 0.75
-    assert cpu < 1.4  # the CPU time per step stays where it was
+    assert cpu < 1.6  # the CPU time per step stays about where it was (a busy-wait would double it)
 
 
 def test_the_planted_slowdown_knob_slows_a_variant_by_its_percent() -> None:
@@ -182,8 +182,6 @@ def test_an_explicit_thread_count_is_never_capped(monkeypatch: pytest.MonkeyPatc
 
 # --------------------------------------------------------------------------- real neighbours
 
-@pytest.mark.serial
-@pytest.mark.machine_load
 def _quiet_or_skip(busy: float) -> None:
     """These tests plant a neighbour on a quiet machine; on one that others already keep busy they can
     say nothing (the verdict logic itself is tested above on recorded states)."""
@@ -192,6 +190,8 @@ def _quiet_or_skip(busy: float) -> None:
                     f"{machine_state.usable_cores()} cores busy")
 
 
+@pytest.mark.serial
+@pytest.mark.machine_load
 def test_the_meter_sees_a_real_busy_neighbour() -> None:
     quiet = machine_state.busy_cores_now(0.5)
     _quiet_or_skip(quiet)
