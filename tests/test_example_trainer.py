@@ -263,7 +263,7 @@ def test_the_examples_own_speed_gate_passes_or_gives_no_verdict(pytester: pytest
         shutil.copy(example / name, pytester.path / name)
     bench = pytester.path / "bench.yaml"
     bench.write_text(bench.read_text().replace("run: {steps: 4096, warmup_steps: 1024, repeats: 3}",
-                                               "run: {steps: 1024, warmup_steps: 512, repeats: 3}"))
+                                               "run: {steps: 512, warmup_steps: 256, repeats: 3}"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "test_speed.py")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()

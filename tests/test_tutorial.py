@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "tutorial-ci.md"
 EXAMPLE = ROOT / "examples" / "cleanrl_ppo"
-SMALL_RUN = "run: {steps: 1024, warmup_steps: 512, repeats: 3}"
+SMALL_RUN = "run: {steps: 512, warmup_steps: 256, repeats: 3}"
 
 
 def fenced(language: str) -> list[str]:
