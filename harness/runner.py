@@ -360,7 +360,9 @@ def _latency_and_sentinels(live: _Live) -> None:
 
     syncs, wide = HostSyncCounter(device), Float64Sentinel()
     try:
-        with syncs.active(), wide:
+        # a dispatch mode cannot run inside compiled code: the checked iteration runs the compiled
+        # functions' eager code, without counting as a compile fallback
+        with torch.compiler.set_stance("force_eager"), syncs.active(), wide:
             done = trainer.iterate()
     except (UserError, ConfigError):
         raise

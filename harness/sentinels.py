@@ -1,9 +1,9 @@
 """Detectors that watch the training path: float64 ops and device->host synchronisations.
 
 Both are used for one check iteration after the timed loop (never inside it, so they do
-not distort the throughput they sit beside). Note: a ``TorchDispatchMode`` makes
-``torch.compile`` run eagerly, so the float64 check covers the eager execution of
-compiled code.
+not distort the throughput they sit beside). A ``TorchDispatchMode`` cannot run inside
+compiled code, so that iteration runs under ``torch.compiler.set_stance("force_eager")``: the
+float64 check covers the eager execution of compiled functions.
 """
 
 from __future__ import annotations

@@ -193,3 +193,18 @@ def test_missing_library_names_the_extra_to_install(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(peers.importlib, "import_module", without_sb3)
     with pytest.raises(UserError, match=r"needs stable-baselines3; install it with pip install 'rlgauge\[peers\]'"):
         load_peer("sb3")
+
+
+def test_the_peer_writes_no_log_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """SB3's default logger makes a folder in the temp directory for every model it trains."""
+    import tempfile
+
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trainer = make_trainer(peer_settings(resolution("ppo-cartpole-sb3", ["device=cpu", "ppo.num_steps=16"]).config),
+                           device="cpu", seed=1)
+    try:
+        trainer.iterate()
+    finally:
+        trainer.close()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("SB3")] == []

@@ -213,3 +213,19 @@ def test_runner_reports_per_env_host_syncs_for_baseline_and_about_one_per_step_f
     assert base_syncs >= num_envs  # one .cpu().numpy() per sub-env per step, plus .item() per logged value
     assert 1 <= opt_syncs < 2  # one host copy of the actions per step (+ one per log interval)
     assert base_syncs > 2 * opt_syncs
+
+
+def test_the_checked_iteration_runs_a_compiled_step_eagerly_without_a_compile_fallback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The float64 check's dispatch mode cannot enter compiled code: the runner runs that iteration
+    eagerly by stance, so a step that compiled and trained is not reported as a compile fallback."""
+    out = tmp_path / "r.json"
+    argv = ["run", "ppo-cartpole", "--variant", "optimized", *[a for item in TINY for a in ("--set", item)],
+            "--set", "optimizations.compile_train_step=true", "--set", "optimizations.compile_cpp_wrapper=false",
+            "--out", str(out), "--quiet"]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    run = json.loads(out.read_text(encoding="utf-8"))["runs"][0]
+    assert run["resolution"].get("optimizations.compile_train_step") is None  # set, not auto
+    assert run["stability"] == {"float64_ops": 0, "nonfinite_events": 0, "compile_fallback": False, "passed": True}

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnvWrapper
 from torch import nn
 
@@ -227,6 +228,8 @@ class SB3Trainer:
             self.total_timesteps = FAR_FUTURE
             self.model.predict = _timed(self.probe, "inference", self.model.predict)
         self.model.train = _timed(self.probe, "update", self.model.train)
+        # a logger that writes nowhere: SB3's default one makes a folder in the temp directory per model
+        self.model.set_logger(Logger(folder=None, output_formats=[]))
         _, self.callback = self.model._setup_learn(self.total_timesteps, None, True, "rlgauge", False)
         self.callback.on_training_start(locals(), globals())
         self.num_envs = s["num_envs"]
