@@ -96,7 +96,8 @@ def plan_learning(target: str, overrides: list[str], *, peer: str | None, seeds:
                         f"accepted: --seeds {MIN_SEEDS} or more (default {DEFAULT_SEEDS})")
     peer_module = _load_peer(peer)  # an unknown peer or a missing library fails first
     seed_list = list(range(first_seed, first_seed + seeds))
-    by_seed = [specs_for(target, "both", [*overrides, f"seed={seed}"]) for seed in seed_list]
+    budget = [f"run.steps={steps}", "run.warmup_steps=0", "run.repeats=1"]  # what budget-aware auto rules read
+    by_seed = [specs_for(target, "both", [*overrides, *budget, f"seed={seed}"]) for seed in seed_list]
     names = [spec.variant for spec in by_seed[0]]
     if names != ["baseline", "optimized"] or not all(isinstance(s.config, TrainConfig) for s in by_seed[0]):
         raise UserError(f"learn {target}: needs a preset (or config file) of rlgauge's trainers with baseline and "

@@ -107,3 +107,38 @@ class RateWindow:
             return None
         (t0, s0), (t1, s1) = self.points[0], self.points[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+
+class CompileCacheMeter:
+    """Inductor's compiled-graph cache lookups (``fxgraph_cache_hit`` / ``_miss`` / ``_bypass``) made
+    while active: whether an arm's compile time was a cold compile or a load from the cache, which
+    ``warmup_s`` and ``end_to_end_s`` depend on. Lookups happen only where something compiles."""
+
+    KINDS = ("hit", "miss", "bypass")
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(self.KINDS, 0)
+
+    @staticmethod
+    def _read() -> dict[str, int]:
+        import sys
+
+        if "torch._dynamo" not in sys.modules:  # nothing compiled yet: do not import it to look
+            return dict.fromkeys(CompileCacheMeter.KINDS, 0)
+        from torch._dynamo.utils import counters
+
+        return {kind: int(counters["inductor"][f"fxgraph_cache_{kind}"]) for kind in CompileCacheMeter.KINDS}
+
+    @contextlib.contextmanager
+    def active(self):  # noqa: ANN201
+        before = self._read()
+        try:
+            yield self
+        finally:
+            after = self._read()
+            for kind in self.KINDS:
+                self.counts[kind] += after[kind] - before[kind]
+
+    def summary(self) -> dict[str, int] | None:
+        """``{"hit": n, "miss": m, "bypass": b}``, or None where nothing was looked up (nothing compiled)."""
+        return dict(self.counts) if any(self.counts.values()) else None

@@ -42,6 +42,13 @@ def _fmt_machine(result: RunResult) -> str:
     return f"{share:.0%} busy elsewhere; threads {threads.get('intra_op')}/{threads.get('inter_op')}{capped}"
 
 
+def _fmt_cache(value: dict[str, int] | None) -> str:
+    if not value:
+        return "-"
+    bypass = f" ({value['bypass']} bypassed)" if value.get("bypass") else ""
+    return f"{value.get('hit', 0)} / {value.get('miss', 0)}{bypass}"
+
+
 ROWS: list[tuple[str, Callable[[RunResult], Any], Callable[[Any], str], bool]] = [
     # label, value, formatter, whether a ratio means something (shown as second / first)
     ("env_steps_per_sec (median [min-max])", lambda r: r.metrics["env_steps_per_sec"], _fmt_rate, True),
@@ -61,12 +68,15 @@ ROWS: list[tuple[str, Callable[[RunResult], Any], Callable[[Any], str], bool]] =
     ("end_to_end_env_steps_per_sec", lambda r: r.metrics.get("end_to_end_env_steps_per_sec"), lambda v: _fmt(v, 0),
      True),
     ("end_to_end_s", lambda r: r.metrics.get("end_to_end_s"), _fmt, True),
+    ("compiled graphs: inductor cache hit / miss", lambda r: r.metrics.get("inductor_cache"), _fmt_cache, False),
     ("mean_return_last_k", lambda r: r.metrics["mean_return_last_k"], lambda v: _fmt(v, 1), False),
 ]
 
 
-SHOWN_IF_RECORDED = {"gpu_utilization_pct (NVML, mean)", "gpu_peak_memory_mb (NVML, all processes)"}
-"""Rows left out when no run has a value (NVML's readings exist for CUDA runs only)."""
+SHOWN_IF_RECORDED = {"gpu_utilization_pct (NVML, mean)", "gpu_peak_memory_mb (NVML, all processes)",
+                     "compiled graphs: inductor cache hit / miss"}
+"""Rows left out when no run has a value (NVML's readings exist for CUDA runs only; cache lookups
+where something compiled)."""
 
 
 def _phase_share(result: RunResult, phase: str) -> float | None:

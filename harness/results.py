@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
 
@@ -126,6 +126,7 @@ class _Metrics(_Open):
     warmup_s: Optional[Number] = None
     end_to_end_s: Optional[Annotated[Number, Field(ge=0)]] = None
     end_to_end_env_steps_per_sec: Optional[Annotated[Number, Field(ge=0)]] = None
+    inductor_cache: Optional[dict[Literal["hit", "miss", "bypass"], Annotated[int, Field(ge=0)]]] = None
     mean_return_last_k: Optional[Number] = None
 
 

@@ -57,6 +57,7 @@ class _Live:
     resolution: Resolution
     trainer: Trainer | None = None
     probe: metrics.TimingProbe = field(default_factory=metrics.TimingProbe)
+    compile_cache: metrics.CompileCacheMeter = field(default_factory=metrics.CompileCacheMeter)
     started_at: str = ""
     warmup_s: float = 0.0
     warmup_env_steps: int = 0
@@ -165,6 +166,10 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                  say: Callable[[str], None] = print,
                  checkpointing: Checkpointing | None = None) -> tuple[list[RunResult], bool]:
     """Measure each spec (continuing ``checkpointing.resumed`` if given); returns (results, interrupted)."""
+    # every arm's optimiser construction imports torch._dynamo (torch.optim's dynamo-disabled methods):
+    # import it here, in the start-up every arm waits for, not in the build of whichever arm comes first
+    import torch._dynamo  # noqa: F401
+
     startup_s = metrics.seconds_since_process_start()
     lives = [_Live(spec, res, startup_s=startup_s) for spec, res in zip(specs, resolve_specs(specs))]
     run = _Run(lives, checkpointing)
@@ -186,7 +191,8 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     with RunProgress(total, enabled=show_progress) as progress:
         try:
             for live in lives:
-                _warm_up(live, progress, run)
+                with live.compile_cache.active():
+                    _warm_up(live, progress, run)
             if checkpointing is not None and checkpointing.every:
                 run.checkpoint_index = checkpointing.index(run.env_steps())
             rounds = max(l.resolution.config.run.repeats for l in lives)
@@ -194,7 +200,8 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
                 order = rotated(lives, r)
                 for live in order:
                     if len(live.env_rates) <= r < live.resolution.config.run.repeats and live.status == "ok":
-                        _timed_segment(live, progress, run)
+                        with live.compile_cache.active():
+                            _timed_segment(live, progress, run)
             for live in lives:
                 if live.status == "ok":
                     _latency_and_sentinels(live)
@@ -418,6 +425,7 @@ def _result(live: _Live) -> RunResult:
         "host_syncs_per_step": live.syncs_per_step,
         "warmup_s": live.warmup_s,
         **_end_to_end(live, measured),
+        "inductor_cache": live.compile_cache.summary(),
         "mean_return_last_k": trainer.mean_recent_return() if trainer is not None else None,
     }
     if len(env_rates_by_rank) > 1 and measured:

@@ -377,3 +377,55 @@ def test_optimisation_summary_shows_fp16_and_step_only_compile() -> None:
     line = optimisation_summary(config)
     assert {"amp=on", "amp_dtype=float16", "compile_model=off", "compile_train_step=on"} <= set(line.split())
     assert dev.amp_dtype(config) is torch.float16
+
+
+# --------------------------------------------------------------------------- budget-aware compile
+
+CPU_HAND_WRITTEN = ["optimizations.analytic_grads=true", "optimizations.compile_train_step=auto",
+                    "tuning.compile_break_even_env_steps=100000"]
+
+
+@pytest.mark.parametrize(("run", "compiles"), [
+    (["run.warmup_steps=0", "run.repeats=1", "run.steps=99999"], False),
+    (["run.warmup_steps=1", "run.repeats=1", "run.steps=99999"], True),  # warm-up counts toward the budget
+    (["run.warmup_steps=0", "run.repeats=4", "run.steps=25000"], True),  # so does every repeat
+])
+def test_auto_compile_of_the_cpu_hand_written_step_weighs_the_run_budget(run: list[str], compiles: bool) -> None:
+    result = resolve(*CPU_HAND_WRITTEN, *run)
+    assert result.config.optimizations.compile_train_step is compiles
+    reason = result.reasons["optimizations.compile_train_step"]
+    assert "budget of" in reason and "compile_break_even_env_steps = 100,000" in reason
+    assert ("pays for" in reason) is compiles
+
+
+def test_the_standalone_trainer_budget_is_its_steps_argument(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from reference_trainers.common import trainer as standalone
+
+    seen = []
+
+    class Stub:
+        env_steps = 0
+
+        def iterate(self) -> None:
+            self.env_steps += 1000
+
+        def close(self) -> None:
+            pass
+
+        def mean_recent_return(self) -> None:
+            return None
+
+        tracker = type("T", (), {"completed": 0})()
+        last_stats: dict = {}
+
+    def build(config: TrainConfig) -> Stub:
+        seen.append(resolve_config(config))
+        return Stub()
+
+    path = tmp_path / "c.yaml"
+    path.write_text("device: cpu\n", encoding="utf-8")
+    sets = [a for s in CPU_HAND_WRITTEN for a in ("--set", s)]
+    for steps in (99_999, 100_000):
+        assert standalone.train_from_command_line(build, "loss", ["--config", str(path), "--steps", str(steps), *sets],
+                                                  "ppo", None) == 0
+    assert [r.config.optimizations.compile_train_step for r in seen] == [False, True]

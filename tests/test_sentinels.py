@@ -229,3 +229,5 @@ def test_the_checked_iteration_runs_a_compiled_step_eagerly_without_a_compile_fa
     run = json.loads(out.read_text(encoding="utf-8"))["runs"][0]
     assert run["resolution"].get("optimizations.compile_train_step") is None  # set, not auto
     assert run["stability"] == {"float64_ops": 0, "nonfinite_events": 0, "compile_fallback": False, "passed": True}
+    lookups = run["metrics"]["inductor_cache"]  # the compile was a cold one or a load from the cache
+    assert set(lookups) == {"hit", "miss", "bypass"} and lookups["hit"] + lookups["miss"] >= 1

@@ -212,6 +212,7 @@ class TuningConfig(_Section):
     small_update_elements: int = Field(TUNING["small_update_elements"].default, ge=1)
     aten_tanh_min_elements: int = Field(TUNING["aten_tanh_min_elements"].default, ge=1)
     noise_block_steps: int = Field(TUNING["noise_block_steps"].default, ge=1, le=1_000_000)
+    compile_break_even_env_steps: int = Field(TUNING["compile_break_even_env_steps"].default, ge=0)
 
 
 class StabilityConfig(_Section):

@@ -68,6 +68,10 @@ TUNINGS: tuple[Tuning, ...] = (
     Tuning("aten_tanh_min_elements", 32_768,
            "activations of at least this many elements take ATen's tanh kernel inside a compiled CPU "
            "step (``aten_tanh``); below it inductor's vectorised tanh is as fast"),
+    Tuning("compile_break_even_env_steps", 500_000,
+           "env steps of a run's budget (``run``: warm-up plus timed repeats; a standalone trainer's "
+           "``--steps``; ``learn --steps``) from which compiling the CPU hand-written train step "
+           "(``compile_train_step: auto``) pays for its seconds of compile time; shorter runs stay eager"),
     Tuning("noise_block_steps", 256,
            "env steps of epsilon-greedy draws taken in one call by ``block_noise`` (the same numbers "
            "as one call per step on the CPU)"),
@@ -107,6 +111,17 @@ class Context:
     @property
     def algo(self) -> str:
         return self.config.algo
+
+    @property
+    def budget_env_steps(self) -> int:
+        return step_budget(self.config)
+
+
+def step_budget(config: TrainConfig) -> int:
+    """Env steps the config's run trains for: ``run.warmup_steps`` plus ``run.repeats`` x ``run.steps``
+    (a standalone trainer and ``learn`` set these from their ``--steps``)."""
+    run = config.run
+    return run.warmup_steps + run.repeats * run.steps
 
 
 AutoRule = Callable[[Context], tuple[Any, str]]
@@ -228,8 +243,12 @@ def _compile_step_auto(ctx: Context) -> tuple[Any, str]:
     if iqn_on_cuda:
         return value, "IQN's compiled update drifts from the eager one on CUDA"
     if ctx.on_cpu and o.analytic_grads:
-        return value, ("compiled autograd updates of small CPU models run slower; the compiled hand-written "
-                       "step is faster but costs seconds of warm-up: opt in for long runs")
+        budget, pays_from = ctx.budget_env_steps, c.tuning.compile_break_even_env_steps
+        if budget >= pays_from:
+            return True, (f"the compiled hand-written step is faster, and a budget of {budget:,} env steps pays for "
+                          f"its seconds of compile time (from tuning.compile_break_even_env_steps = {pays_from:,})")
+        return False, (f"a budget of {budget:,} env steps is below tuning.compile_break_even_env_steps = "
+                       f"{pays_from:,}: the compile would cost more than the faster step saves")
     return value, "as compile_model"
 
 

@@ -53,7 +53,9 @@ def train_from_command_line(build: Callable[[TrainConfig], Any], loss_key: str, 
     try:
         data = read_yaml(args.config)
         data.setdefault("algo", algo)
-        config = build_config(data, args.overrides)
+        # the run's budget is --steps: what ``auto`` rules that weigh a fixed cost against it read
+        config = build_config(data, [*args.overrides, f"run.steps={args.steps}", "run.warmup_steps=0",
+                                     "run.repeats=1"])
         if config.algo != algo:
             raise ConfigError(f"algo: {config.algo!r} cannot run under {prog}; accepted: {algo!r} (or no algo key)")
         trainer = build(config)
