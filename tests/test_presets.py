@@ -46,6 +46,9 @@ TINY_ALGO_SIZES = {"iqn": ["iqn.batch_size=8", "iqn.num_tau_samples=8", "iqn.num
 TINY_PRESET_SIZES = {name: [f"{name.split('-')[0]}.log_interval=64"] for name in NAMES
                      if name.endswith("-gpu") and not name.startswith("ppo-")}
 """A GPU preset's log_interval spans a vector step of its thousands of sub-envs: thousands of steps at 2 envs."""
+TINY_PRESET_SIZES.update({name: [f"{name.split('-')[0]}.log_interval=16", f"{name.split('-')[0]}.learning_starts=16"]
+                          for name in NAMES if name.endswith("-pong") and not name.startswith("ppo-")})
+"""A value-based Pong iteration is log_interval agent steps of CNN acting and updates: a few, not hundreds."""
 RUNNABLE = [pytest.param(name, marks=pytest.mark.slow) if name in PIXEL_PRESETS else name for name in NAMES]
 
 
