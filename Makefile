@@ -55,13 +55,14 @@ bench: install
 	$(BIN)/rlgauge run ppo-cartpole
 
 # Tests marked `serial` measure absolute speed (asv across commits): they run first, alone,
-# then everything else in parallel (its summary closes the log).
+# then everything else in parallel (its summary closes the log). Work stealing: an idle worker
+# takes tests queued on a busy one, so the long learning checks do not leave a core idle at the end.
 test: install
 	$(BIN)/python -m pytest -m serial
-	$(BIN)/python -m pytest -n auto -m "not serial"
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "not serial"
 
 test-fast: install
-	$(BIN)/python -m pytest -n auto -m "not slow"
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow"
 
 asv-machine: install
 	$(BIN)/asv machine --yes
