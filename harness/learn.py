@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from reference_trainers.common.config import ConfigError, TrainConfig, to_plain_dict
+from reference_trainers.common.flags import budget_overrides
 
 from . import power, quality
 from .errors import UserError
@@ -96,7 +97,7 @@ def plan_learning(target: str, overrides: list[str], *, peer: str | None, seeds:
                         f"accepted: --seeds {MIN_SEEDS} or more (default {DEFAULT_SEEDS})")
     peer_module = _load_peer(peer)  # an unknown peer or a missing library fails first
     seed_list = list(range(first_seed, first_seed + seeds))
-    budget = [f"run.steps={steps}", "run.warmup_steps=0", "run.repeats=1"]  # what budget-aware auto rules read
+    budget = budget_overrides(steps)  # what budget-aware auto rules read
     by_seed = [specs_for(target, "both", [*overrides, *budget, f"seed={seed}"]) for seed in seed_list]
     names = [spec.variant for spec in by_seed[0]]
     if names != ["baseline", "optimized"] or not all(isinstance(s.config, TrainConfig) for s in by_seed[0]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import time
 from collections import defaultdict
 
@@ -121,8 +122,6 @@ class CompileCacheMeter:
 
     @staticmethod
     def _read() -> dict[str, int]:
-        import sys
-
         if "torch._dynamo" not in sys.modules:  # nothing compiled yet: do not import it to look
             return dict.fromkeys(CompileCacheMeter.KINDS, 0)
         from torch._dynamo.utils import counters

@@ -112,16 +112,18 @@ class Context:
     def algo(self) -> str:
         return self.config.algo
 
-    @property
-    def budget_env_steps(self) -> int:
-        return step_budget(self.config)
-
 
 def step_budget(config: TrainConfig) -> int:
     """Env steps the config's run trains for: ``run.warmup_steps`` plus ``run.repeats`` x ``run.steps``
-    (a standalone trainer and ``learn`` set these from their ``--steps``)."""
+    (a standalone trainer and ``learn`` set these from their ``--steps``: ``budget_overrides``)."""
     run = config.run
     return run.warmup_steps + run.repeats * run.steps
+
+
+def budget_overrides(steps: int) -> list[str]:
+    """``--set`` overrides that make ``step_budget`` read ``steps``, for commands whose budget is one
+    run of ``--steps`` env steps (what ``auto`` rules that weigh a fixed cost against it read)."""
+    return [f"run.steps={steps}", "run.warmup_steps=0", "run.repeats=1"]
 
 
 AutoRule = Callable[[Context], tuple[Any, str]]
@@ -243,7 +245,7 @@ def _compile_step_auto(ctx: Context) -> tuple[Any, str]:
     if iqn_on_cuda:
         return value, "IQN's compiled update drifts from the eager one on CUDA"
     if ctx.on_cpu and o.analytic_grads:
-        budget, pays_from = ctx.budget_env_steps, c.tuning.compile_break_even_env_steps
+        budget, pays_from = step_budget(c), c.tuning.compile_break_even_env_steps
         if budget >= pays_from:
             return True, (f"the compiled hand-written step is faster, and a budget of {budget:,} env steps pays for "
                           f"its seconds of compile time (from tuning.compile_break_even_env_steps = {pays_from:,})")

@@ -16,6 +16,7 @@ from . import distributed
 from .config import TrainConfig, build_config
 from .config_files import read_yaml
 from .errors import ConfigError
+from .flags import budget_overrides
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,7 @@ def train_from_command_line(build: Callable[[TrainConfig], Any], loss_key: str, 
     try:
         data = read_yaml(args.config)
         data.setdefault("algo", algo)
-        # the run's budget is --steps: what ``auto`` rules that weigh a fixed cost against it read
-        config = build_config(data, [*args.overrides, f"run.steps={args.steps}", "run.warmup_steps=0",
-                                     "run.repeats=1"])
+        config = build_config(data, [*args.overrides, *budget_overrides(args.steps)])  # the budget is --steps
         if config.algo != algo:
             raise ConfigError(f"algo: {config.algo!r} cannot run under {prog}; accepted: {algo!r} (or no algo key)")
         trainer = build(config)
