@@ -131,9 +131,9 @@ def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.
     """Clipped surrogate + (clipped) value loss - entropy bonus, averaged over valid samples."""
     count = mask.sum().clamp_min(1.0)
     masked_mean = lambda x: (x * mask).sum() / count  # noqa: E731
-    if cfg.norm_adv:
+    if cfg.norm_adv:  # per minibatch, with Bessel's correction (torch's std, as CleanRL and SB3)
         mean = masked_mean(advantages)
-        std = torch.sqrt(masked_mean((advantages - mean) ** 2))
+        std = torch.sqrt(((advantages - mean) ** 2 * mask).sum() / (count - 1.0).clamp_min(1.0))
         advantages = (advantages - mean) / (std + 1e-8)
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()
@@ -176,9 +176,9 @@ def ppo_loss_grads(actor_out: torch.Tensor, new_value: torch.Tensor, actions: to
     Agreement with autograd: tests/test_analytic.py."""
     count = mask.sum().clamp_min(1.0)
     weight = mask / count  # masked_mean(x) = x . weight
-    if cfg.norm_adv:
+    if cfg.norm_adv:  # Bessel-corrected, as in ppo_loss
         centered = advantages - advantages.dot(weight)
-        advantages = centered / (centered.square().dot(weight).sqrt() + 1e-8)
+        advantages = centered / ((centered.square().dot(mask) / (count - 1.0).clamp_min(1.0)).sqrt() + 1e-8)
     log_probs = F.log_softmax(actor_out, dim=-1)
     probs = log_probs.exp()
     taken = actions.long().unsqueeze(-1)
