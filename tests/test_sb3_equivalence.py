@@ -6,6 +6,7 @@ actions, minibatch order), so a learning gap between them is chance or a bug tha
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 import numpy as np
 import pytest
 import torch
@@ -15,6 +16,8 @@ pytest.importorskip("stable_baselines3")
 from harness.peers.sb3 import SB3Trainer, make_trainer, peer_settings  # noqa: E402
 from harness.presets import specs_for  # noqa: E402
 from reference_trainers.common.resolve import resolve_config  # noqa: E402
+from reference_trainers.common.value_based import linear_epsilon  # noqa: E402
+from reference_trainers.dqn import DQNTrainer  # noqa: E402
 from reference_trainers.ppo import PPOTrainer  # noqa: E402
 
 PRESET = "ppo-cartpole-sb3"
@@ -186,4 +189,56 @@ def test_our_rollout_collects_what_sb3_collects_for_the_same_weights_seeds_and_a
             np.testing.assert_array_equal(ends[:-1].numpy(), rb.episode_starts[1:, n])
     finally:
         ours.close()
+        peer.close()
+
+
+def dqn_layer_pairs(ours: Any, peer: SB3Trainer) -> list[tuple[torch.nn.Linear, torch.nn.Linear]]:
+    """Our Q-network's and target network's layers beside SB3's (120-84 ReLU MLP)."""
+    pairs = []
+    for mine, theirs in ((ours.model.net, peer.model.q_net.q_net), (ours.target.net, peer.model.q_net_target.q_net)):
+        linear = [layer for layer in mine if isinstance(layer, torch.nn.Linear)]
+        pairs += zip(linear, [layer for layer in theirs if isinstance(layer, torch.nn.Linear)])
+    return pairs
+
+
+@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+def test_our_dqn_update_equals_sb3s_on_the_same_batch_and_weights(variant: str) -> None:
+    res = resolve_config(specs_for("dqn-cartpole-sb3", variant, ["device=cpu", "dqn.learning_starts=256"])[0].config)
+    peer = make_trainer(peer_settings(res.config), device="cpu", seed=res.config.seed)
+    ours = DQNTrainer(res.config, resolution=res)
+    try:
+        m = peer.model
+        for _ in range(2):  # a replay that holds episode ends, and Adam moments that are not zero
+            peer.iterate()
+        sb3_optimizer, our_optimizer = m.policy.optimizer, ours.learner.optimizer
+        with torch.no_grad():
+            for mine, theirs in dqn_layer_pairs(ours, peer):
+                for a, b in ((mine.weight, theirs.weight), (mine.bias, theirs.bias)):
+                    a.copy_(b)
+                    if b in sb3_optimizer.state:
+                        our_optimizer.state[a] = {k: v.clone() for k, v in sb3_optimizer.state[b].items()}
+        sample = m.replay_buffer.sample(m.batch_size)
+        assert sample.dones.any(), "the batch should hold terminations"
+        m.replay_buffer.sample = lambda *args, **kwargs: sample
+        m.train(gradient_steps=1, batch_size=m.batch_size)
+        bootstrap = res.config.dqn.gamma * (1.0 - sample.dones.squeeze(1))
+        ours.learner.step(sample.observations, sample.actions.squeeze(1).long(), sample.rewards.squeeze(1),
+                          sample.next_observations, bootstrap)
+        for mine, theirs in dqn_layer_pairs(ours, peer):
+            torch.testing.assert_close(mine.weight, theirs.weight, atol=SAME_WEIGHTS, rtol=0)
+            torch.testing.assert_close(mine.bias, theirs.bias, atol=SAME_WEIGHTS, rtol=0)
+    finally:
+        ours.close()
+        peer.close()
+
+
+def test_our_epsilon_schedule_is_sb3s() -> None:
+    res = resolve_config(specs_for("dqn-cartpole-sb3", "baseline", ["device=cpu"])[0].config)
+    peer = make_trainer(peer_settings(res.config), device="cpu", seed=res.config.seed)
+    try:
+        hp, m = res.config.dqn, peer.model
+        for step in (0, 1_000, 5_000, 9_999, 10_000, 50_000):
+            ours = linear_epsilon(step, hp.start_epsilon, hp.end_epsilon, hp.exploration_steps)
+            assert m.exploration_schedule(1.0 - step / peer.total_timesteps) == pytest.approx(ours, abs=1e-6)
+    finally:
         peer.close()
