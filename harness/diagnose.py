@@ -35,11 +35,12 @@ def env_ceiling(config: TrainConfig, steps: int) -> float:
         envs.reset(seed=config.seed)
         envs.action_space.seed(config.seed)
         actions = [envs.action_space.sample() for _ in range(max(1, steps // env.num_envs))]
-        frames = 0
+        frames, resetting = 0, None  # a NEXT_STEP reset step takes no transition
         start = time.perf_counter()
         for action in actions:
-            _, _, _, _, info = envs.step(action)
-            frames += frames_in_step(info, env.num_envs)
+            _, _, terminated, truncated, info = envs.step(action)
+            frames += frames_in_step(info, env.num_envs, resetting)
+            resetting = terminated | truncated
         return frames / (time.perf_counter() - start)
     finally:
         envs.close()

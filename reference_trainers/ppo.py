@@ -469,6 +469,7 @@ class PPOTrainer(Checkpointable):
             with probe.phase("transfer"):
                 self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
             obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            resetting = self.episode_over
             self.obs_buf[t] = torch.as_tensor(obs_t)  # numpy_acting hands back host arrays
             self.actions_buf[t] = torch.as_tensor(action)
             self.logprobs_buf[t] = torch.as_tensor(logprob)
@@ -479,7 +480,7 @@ class PPOTrainer(Checkpointable):
                 flags = self.to_device(np.stack([reward, terminated, truncated]), "flags")
                 self.rewards_buf[t], self.terminated_buf[t], self.truncated_buf[t] = flags
             with probe.phase("logging"):
-                frames += frames_in_step(info, self.num_envs)
+                frames += frames_in_step(info, self.num_envs, resetting)
                 self.tracker.update(reward, terminated, truncated)
                 self.episode_over = terminated | truncated
         return frames, self.config.ppo.num_steps * self.num_envs
@@ -508,7 +509,7 @@ class PPOTrainer(Checkpointable):
                 self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
             with probe.phase("logging"):
                 host[1, t], host[2, t], host[3, t] = reward, terminated, truncated
-                frames += frames_in_step(info, self.num_envs)
+                frames += frames_in_step(info, self.num_envs, self.episode_over)
                 self.tracker.update(reward, terminated, truncated)
                 self.episode_over = terminated | truncated
         with probe.phase("transfer"):
@@ -569,8 +570,9 @@ class PPOTrainer(Checkpointable):
 
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo
-        if ppo.anneal_lr:
-            self.learner.set_learning_rate(ppo.learning_rate * max(0.0, 1.0 - self.env_steps / ppo.anneal_steps))
+        if ppo.anneal_lr:  # on the env steps every rank agrees on (their resets differ), so the ranks step alike
+            env_steps = distributed.agreed_min(self.env_steps)
+            self.learner.set_learning_rate(ppo.learning_rate * max(0.0, 1.0 - env_steps / ppo.anneal_steps))
 
     def update(self) -> int:
         """GAE, then ``update_epochs`` passes of minibatch steps; returns optimiser steps taken."""

@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n: share the cores among the workers before torch picks its thread count. Two workers
+    # with torch's default of a thread per core would oversubscribe them, and small ops whose
+    # threads spin-wait for each other then run many times slower.
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+
 import pytest
 from hypothesis import HealthCheck, settings
 

@@ -388,6 +388,11 @@ def _nan_loss(monkeypatch: pytest.MonkeyPatch, poisoned: Any = lambda: True) -> 
     monkeypatch.setattr(ppo_module, "ppo_loss_grads", nan_loss_grads)
 
 
+ROUND_TWO = 9
+"""The first iteration of the second timed round of a TINY run of ppo-cartpole: one warm-up iteration a
+variant, then three a variant for a round's 64 env steps (32 decisions an iteration, less the reset steps)."""
+
+
 def _count_iterations(monkeypatch: pytest.MonkeyPatch, on_call: Any = None) -> dict[str, int]:
     calls = {"n": 0}
     original = ppo_module.PPOTrainer.iterate
@@ -432,9 +437,9 @@ def test_nan_loss_under_warn_policy_ends_in_a_written_result_and_exit_1(
 
 def test_nan_loss_under_raise_policy_after_measuring_fails_and_exits_1(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """NaN from the 7th iteration on: both variants have one measured repeat, then fail in the second."""
+    """NaN from the second round on: both variants have one measured repeat, then fail in the second."""
     calls = _count_iterations(monkeypatch)
-    _nan_loss(monkeypatch, poisoned=lambda: calls["n"] >= 7)
+    _nan_loss(monkeypatch, poisoned=lambda: calls["n"] >= ROUND_TWO)
     out = tmp_path / "r.json"
     code, _, err = run_cli(capsys, "run", "ppo-cartpole", *TINY_ARGS, "--repeats", "2",
                            "--set", "stability.nan_policy=raise", "--out", str(out), "--quiet")
@@ -474,8 +479,8 @@ def _interrupt_at(n: int) -> Any:
 
 def test_interrupt_after_measuring_exits_130_and_writes_an_interrupted_result(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C in the 2nd round (iteration 7: warm-up 2, round one 4): the partial result is kept, marked."""
-    _count_iterations(monkeypatch, on_call=_interrupt_at(7))
+    """Ctrl-C in the 2nd round (its first iteration): the partial result is kept, marked."""
+    _count_iterations(monkeypatch, on_call=_interrupt_at(ROUND_TWO))
     out = tmp_path / "r.json"
     code, _, err = run_cli(capsys, "run", "ppo-cartpole", *TINY_ARGS, "--repeats", "2", "--out", str(out), "--quiet")
     assert code == 130

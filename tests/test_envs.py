@@ -302,6 +302,9 @@ def test_frames_in_step_sums_frames_and_counts_reset_steps_as_zero() -> None:
         np.testing.assert_array_equal(step_serial[4]["frames"], step_sync[4]["frames"])
         np.testing.assert_array_equal(step_serial[4]["_frames"], step_sync[4]["_frames"])
     assert frames_in_step({}, 4) == 4
+    assert frames_in_step({}, 4, np.array([False, True, False, True])) == 2  # two sub-envs only reset
+    # a reset row counts 0 even where a wrapper's info left it unmasked
+    assert frames_in_step({"frames": np.array([2, 3]), "_frames": np.array([True, False])}, 2, np.array([False, True])) == 2
     assert frames_in_step({"frames": np.array([2, 0, 0]), "_frames": np.array([True, False, True])}, 3) == 3
 
 

@@ -125,7 +125,11 @@ def runs_of(path: Path) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- run
 
-def test_a_trainer_file_runs_both_variants_interleaved_into_the_result_schema(project: Path, capsys) -> None:
+def test_a_trainer_file_runs_both_variants_interleaved_into_the_result_schema(project: Path, capsys,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # a default of two threads, so that the factory's one thread shows (pytest -n workers start with one)
+    monkeypatch.setattr(dev, "DEFAULT_THREADS", 2)
+    monkeypatch.setattr(dev, "_default_threads", 2)
     code, out, err = run_cli(capsys, "run", "bench.yaml", "--out", "r.json", "--quiet")
     assert code == 0, err
     assert "ratio optimized/baseline" in out

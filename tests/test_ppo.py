@@ -934,3 +934,16 @@ def test_ppo_cartpole_learns_both_variants(variant: str, seed: int) -> None:
         trainer.close()
         torch.set_num_threads(original_threads)
     assert best >= 195.0, f"{variant} seed {seed}: best mean return of the last 20 episodes {best} after {trainer.env_steps} env steps"
+
+
+@pytest.mark.parametrize("lean", ["false", "true"])
+def test_env_steps_count_transitions_not_reset_steps(lean: str) -> None:
+    """A NEXT_STEP reset step takes no transition: the frames an iteration reports are the rollout's valid rows."""
+    trainer = make_trainer(f"optimizations.lean_rollout={lean}", "ppo.num_steps=64")
+    try:
+        result = trainer.iterate()
+        assert trainer.valid_buf.min() == 0, "the rollout should hold reset steps"
+        assert result.env_steps == int(trainer.valid_buf.sum()) < result.agent_steps == 64 * trainer.num_envs
+        assert trainer.env_steps == result.env_steps
+    finally:
+        trainer.close()

@@ -313,11 +313,13 @@ def test_updates_follow_learning_starts_train_frequency_and_gradient_steps(algo:
                    f"{algo}.gradient_steps={gradient_steps}", f"{algo}.log_interval=60")
     try:
         result = trainer.iterate()
+        transitions = len(trainer.replay)
     finally:
         trainer.close()
     # 30 vector steps of 2 envs; due at vector steps v with v % frequency == 0 and 2v >= 20
     expected = sum(gradient_steps for v in range(1, 31) if v % frequency == 0 and 2 * v >= 20)
-    assert (result.env_steps, result.agent_steps, result.updates) == (60, 60, expected)
+    assert (result.agent_steps, result.updates) == (60, expected)
+    assert result.env_steps == transitions  # less the reset steps, which take no transition
 
 
 @algos
@@ -485,7 +487,7 @@ def test_trainer_offers_what_the_runner_uses(algo: str) -> None:
     try:
         trainer.activate()
         result = trainer.iterate()
-        assert (result.env_steps, result.agent_steps) == (32, 32) and trainer.env_steps == 32
+        assert result.agent_steps == 32 and result.env_steps == trainer.env_steps == len(trainer.replay)
         actions = trainer.select_actions(np.array(trainer.next_obs, copy=True))
         assert actions.shape == (2,) and all(trainer.envs.single_action_space.contains(a) for a in actions)
         assert trainer.mean_recent_return() is None or trainer.mean_recent_return() > 0
@@ -576,3 +578,15 @@ def test_one_step_tensor_replay_inserts_directly_and_trains_as_the_general_inser
     finally:
         direct.close()
         general.close()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_env_steps_count_transitions_not_reset_steps(algo: str) -> None:
+    """A NEXT_STEP reset step takes no transition and writes none to replay: env steps are replay's rows."""
+    trainer = make(algo, f"{algo}.buffer_size=100000", f"{algo}.log_interval=256")
+    try:
+        result = trainer.iterate()
+        assert trainer.tracker.completed > 0, "episodes should have ended"
+        assert result.env_steps == trainer.env_steps == len(trainer.replay) < result.agent_steps
+    finally:
+        trainer.close()

@@ -220,7 +220,7 @@ class ActionRepeat(gym.Wrapper):
     """Repeat each action ``k`` times, summing rewards and stopping early at termination or truncation.
 
     ``info['frames']`` is the number of underlying env steps taken (``0`` in the reset info, so the
-    NEXT_STEP reset step of a vector env is counted as zero frames by :func:`frames_in_step`).
+    NEXT_STEP reset step of a vector env counts zero frames in :func:`frames_in_step` even without its mask).
     """
 
     def __init__(self, env: gym.Env, k: int) -> None:
@@ -244,21 +244,23 @@ class ActionRepeat(gym.Wrapper):
                 return obs, total, terminated, truncated, {**info, "frames": frames}
 
 
-def frames_in_step(info: dict[str, Any], num_envs: int) -> int:
-    """Sub-environment frames taken by the last vector step.
+def frames_in_step(info: dict[str, Any], num_envs: int, resetting: np.ndarray | None = None) -> int:
+    """Sub-environment frames (transitions) taken by the last vector step.
 
-    If the vector info carries ``frames`` (sub-envs wrapped in ActionRepeat) this is its sum over the
-    ``_frames`` mask, with unmasked sub-envs counted as 1; a NEXT_STEP reset step reports ``frames=0``
-    via ActionRepeat's reset info and so counts 0. Without ``frames`` every sub-env counts 1 (the usual
-    ``num_envs`` per step, reset steps included, since they cannot be told apart from the info).
+    A sub-env in ``resetting`` (its last episode ended, so under NEXT_STEP this step only reset
+    it) took no transition and counts 0; the trainers pass their own mask of those rows. If the
+    vector info carries ``frames`` (sub-envs wrapped in ActionRepeat) the others count their
+    ``frames`` where the ``_frames`` mask is set (a reset step reports 0 there as well), else 1.
     """
     frames = info.get("frames")
     if frames is None:
-        return int(num_envs)
+        return int(num_envs) - (0 if resetting is None else int(np.count_nonzero(resetting)))
     counts = np.asarray(frames, dtype=np.int64).reshape(-1)
     mask = info.get("_frames")
     if mask is not None:
         counts = np.where(np.asarray(mask, dtype=np.bool_).reshape(-1), counts, 1)
+    if resetting is not None:
+        counts = np.where(np.asarray(resetting, dtype=np.bool_).reshape(-1), 0, counts)
     return int(counts.sum())
 
 

@@ -335,7 +335,7 @@ class ValueTrainer(Checkpointable):
                                          terminated, truncated, ~self.episode_over)
                 self.replay.add(batch)
         with probe.phase("logging"):
-            frames = frames_in_step(info, n)
+            frames = frames_in_step(info, n, self.episode_over if self.any_episode_over else None)
             self.episode_over = terminated | truncated
             self.any_episode_over = bool(self.episode_over.any())
             self.tracker.update(reward, terminated, truncated, self.episode_over, self.any_episode_over)
