@@ -41,6 +41,7 @@ from reference_trainers.common.flags import budget_overrides
 
 from . import power, quality
 from .errors import UserError
+from .interrupts import raise_if_stopping
 from .machine_state import OthersMeter, Snapshot, free_cores
 from .presets import VariantSpec, specs_for
 from .progress import RunProgress
@@ -291,6 +292,7 @@ def _step(live: _Live, steps: int, progress: RunProgress) -> None:
     """One ``iterate()`` of one arm, timed, and its point on the curve."""
     trainer, curve = live.trainer, live.curve
     trainer.activate()
+    raise_if_stopping()
     started = time.perf_counter()
     try:
         done = trainer.iterate()

@@ -26,6 +26,7 @@ from reference_trainers.common.resolve import Resolution, optimisation_summary, 
 from . import metrics, quality
 from .checkpoints import Checkpointing
 from .errors import UserError
+from .interrupts import raise_if_stopping
 from .gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
 from .machine_state import OthersMeter, Snapshot, free_cores
 from .own_trainer import OwnConfig, resolve_own
@@ -269,6 +270,7 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
                 live.warmup_done = True
                 live.warmup_env_steps = live.trainer.env_steps
                 break
+            raise_if_stopping()
             done = live.trainer.iterate()
             progress.advance(done.env_steps, live.trainer.env_steps)
             if run.checkpoint_due():
@@ -313,6 +315,7 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
 
     try:
         while distributed.agreed_min(seg.frames) < steps:
+            raise_if_stopping()
             started = time.perf_counter()
             done = trainer.iterate()
             if extra:

@@ -15,6 +15,10 @@ from harness.cli import main
 from reference_trainers.common import device as dev
 
 TOY = textwrap.dedent('''
+    import os
+    import signal
+    import time
+
     import torch
 
     SEEN_THREADS = []
@@ -25,6 +29,7 @@ TOY = textwrap.dedent('''
         def __init__(self, config, device, seed, probe=None):
             self.n = config.get("n", 32)
             self.fail_at = config.get("fail_at")
+            self.swallow_signal_at = config.get("swallow_signal_at")
             self.returns = config.get("returns", "int")
             self.probe = probe
             torch.manual_seed(seed)
@@ -51,6 +56,12 @@ TOY = textwrap.dedent('''
                 self.opt.step()
             if self.fail_at is not None and self.calls >= self.fail_at:
                 raise RuntimeError("the simulator lost its connection")
+            if self.swallow_signal_at == self.calls:
+                try:  # the signal lands in code that swallows the exception (a finaliser, say)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(1)
+                except KeyboardInterrupt:
+                    pass
             if self.returns == "text":
                 return "many"
             if self.returns == "object":
@@ -177,6 +188,16 @@ def test_an_exception_in_the_users_trainer_is_one_line_exit_1_and_a_failed_resul
     line = next(l for l in err.splitlines() if "failed:" in l)
     assert "toy_own:make_trainer" in line and "RuntimeError: the simulator lost its connection" in line
     assert {r["status"] for r in runs_of(project / "r.json")} == {"failed"}
+
+
+def test_a_signal_whose_interrupt_a_trainer_swallows_still_stops_the_run(project: Path, capsys) -> None:
+    """A SIGTERM that lands in code that swallows KeyboardInterrupt (a finaliser, say) is not lost:
+    the loop raises it again before the next iteration, and the run ends interrupted."""
+    code, _, err = run_cli(capsys, "run", "bench.yaml", "--set", "swallow_signal_at=5", "--set", "run.steps=100000",
+                           "--out", "r.json", "--quiet")
+    assert code == 130, err
+    assert "interrupted by SIGTERM" in err and "Traceback" not in err
+    assert {r["status"] for r in runs_of(project / "r.json")} == {"interrupted"}
 
 
 def test_debug_logs_the_traceback_of_the_users_exception(project: Path, capsys,
