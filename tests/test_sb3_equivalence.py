@@ -40,15 +40,20 @@ def layer_pairs(ours: PPOTrainer, peer: SB3Trainer) -> list[tuple[torch.nn.Linea
             (critic[2], policy.mlp_extractor.value_net[2]), (critic[4], policy.value_net)]
 
 
-def adopt_sb3_state(ours: PPOTrainer, peer: SB3Trainer) -> None:
-    """Copy SB3's weights and Adam moments into our model and optimiser."""
+def copy_layers(pairs: list[tuple[torch.nn.Linear, torch.nn.Linear]], ours: Any, peer: SB3Trainer) -> None:
+    """SB3's weights and their Adam moments into our layers and optimiser (``pairs``: ours, SB3's)."""
     sb3_optimizer, our_optimizer = peer.model.policy.optimizer, ours.learner.optimizer
     with torch.no_grad():
-        for mine, theirs in layer_pairs(ours, peer):
+        for mine, theirs in pairs:
             for a, b in ((mine.weight, theirs.weight), (mine.bias, theirs.bias)):
                 a.copy_(b)
                 if b in sb3_optimizer.state:
                     our_optimizer.state[a] = {k: v.clone() for k, v in sb3_optimizer.state[b].items()}
+
+
+def adopt_sb3_state(ours: PPOTrainer, peer: SB3Trainer) -> None:
+    """Copy SB3's PPO weights and Adam moments into our model and optimiser."""
+    copy_layers(layer_pairs(ours, peer), ours, peer)
     ours._drop_snapshots()
 
 
@@ -78,6 +83,23 @@ def load_sb3_rollout(ours: PPOTrainer, peer: SB3Trainer) -> None:
     ours.next_obs = np.array(m._last_obs)
 
 
+def update_both_in_one_order(ours: PPOTrainer, peer: SB3Trainer, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """SB3's ``train()`` and our ``update()`` on the loaded rollout, taking the same minibatches in the
+    same order; returns the largest weight gap per layer afterwards."""
+    m = peer.model
+    # SB3 flattens (T, N) env-major (n * T + t), ours time-major (t * N + n)
+    T, N = m.n_steps, m.n_envs
+    orders = [np.random.RandomState(epoch).permutation(T * N) for epoch in range(m.n_epochs)]
+    sb3_orders, our_orders = deque(orders), deque(torch.as_tensor((o % T) * N + o // T) for o in orders)
+    with monkeypatch.context() as patch:
+        patch.setattr(np.random, "permutation", lambda n: sb3_orders.popleft())
+        patch.setattr(torch, "randperm", lambda *a, **k: our_orders.popleft())
+        m.train()
+        ours.update()
+    assert not sb3_orders and not our_orders, "both took one permutation per epoch"
+    return [float((mine.weight - theirs.weight).detach().abs().max()) for mine, theirs in layer_pairs(ours, peer)]
+
+
 @pytest.mark.parametrize("variant", ["baseline", "optimized"])
 def test_our_update_equals_sb3s_on_the_same_rollout_weights_and_minibatch_order(
         variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,20 +120,10 @@ def test_our_update_equals_sb3s_on_the_same_rollout_weights_and_minibatch_order(
         torch.testing.assert_close(advantages, torch.as_tensor(m.rollout_buffer.advantages), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(returns, torch.as_tensor(m.rollout_buffer.returns), atol=1e-5, rtol=1e-5)
 
-        # one minibatch order for both: SB3 flattens (T, N) env-major (n * T + t), ours time-major (t * N + n)
-        T, N = m.n_steps, m.n_envs
-        orders = [np.random.RandomState(epoch).permutation(T * N) for epoch in range(m.n_epochs)]
-        sb3_orders, our_orders = deque(orders), deque(torch.as_tensor((o % T) * N + o // T) for o in orders)
-        monkeypatch.setattr(np.random, "permutation", lambda n: sb3_orders.popleft())
-        monkeypatch.setattr(torch, "randperm", lambda *a, **k: our_orders.popleft())
-        m.train()
-        ours.update()
-        monkeypatch.undo()
-
+        update_both_in_one_order(ours, peer, monkeypatch)
         for mine, theirs in layer_pairs(ours, peer):
             torch.testing.assert_close(mine.weight, theirs.weight, atol=SAME_WEIGHTS, rtol=0)
             torch.testing.assert_close(mine.bias, theirs.bias, atol=SAME_WEIGHTS, rtol=0)
-        assert not sb3_orders and not our_orders, "both took one permutation per epoch"
     finally:
         ours.close()
         peer.close()
@@ -127,15 +139,7 @@ def test_the_update_check_sees_a_changed_hyper_parameter(monkeypatch: pytest.Mon
         m = peer.model
         m.collect_rollouts(m.env, peer.callback, m.rollout_buffer, n_rollout_steps=m.n_steps)
         load_sb3_rollout(ours, peer)
-        T, N = m.n_steps, m.n_envs
-        orders = [np.random.RandomState(epoch).permutation(T * N) for epoch in range(m.n_epochs)]
-        sb3_orders, our_orders = deque(orders), deque(torch.as_tensor((o % T) * N + o // T) for o in orders)
-        monkeypatch.setattr(np.random, "permutation", lambda n: sb3_orders.popleft())
-        monkeypatch.setattr(torch, "randperm", lambda *a, **k: our_orders.popleft())
-        m.train()
-        ours.update()
-        monkeypatch.undo()
-        gaps = [float((mine.weight - theirs.weight).detach().abs().max()) for mine, theirs in layer_pairs(ours, peer)]
+        gaps = update_both_in_one_order(ours, peer, monkeypatch)
         assert max(gaps) > 10 * SAME_WEIGHTS, gaps
     finally:
         ours.close()
@@ -210,13 +214,7 @@ def test_our_dqn_update_equals_sb3s_on_the_same_batch_and_weights(variant: str) 
         m = peer.model
         for _ in range(2):  # a replay that holds episode ends, and Adam moments that are not zero
             peer.iterate()
-        sb3_optimizer, our_optimizer = m.policy.optimizer, ours.learner.optimizer
-        with torch.no_grad():
-            for mine, theirs in dqn_layer_pairs(ours, peer):
-                for a, b in ((mine.weight, theirs.weight), (mine.bias, theirs.bias)):
-                    a.copy_(b)
-                    if b in sb3_optimizer.state:
-                        our_optimizer.state[a] = {k: v.clone() for k, v in sb3_optimizer.state[b].items()}
+        copy_layers(dqn_layer_pairs(ours, peer), ours, peer)
         sample = m.replay_buffer.sample(m.batch_size)
         assert sample.dones.any(), "the batch should hold terminations"
         m.replay_buffer.sample = lambda *args, **kwargs: sample
