@@ -51,6 +51,12 @@ def copy_layers(pairs: list[tuple[torch.nn.Linear, torch.nn.Linear]], ours: Any,
                     our_optimizer.state[a] = {k: v.clone() for k, v in sb3_optimizer.state[b].items()}
 
 
+def assert_same_layers(pairs: list[tuple[torch.nn.Linear, torch.nn.Linear]]) -> None:
+    for mine, theirs in pairs:
+        torch.testing.assert_close(mine.weight, theirs.weight, atol=SAME_WEIGHTS, rtol=0)
+        torch.testing.assert_close(mine.bias, theirs.bias, atol=SAME_WEIGHTS, rtol=0)
+
+
 def adopt_sb3_state(ours: PPOTrainer, peer: SB3Trainer) -> None:
     """Copy SB3's PPO weights and Adam moments into our model and optimiser."""
     copy_layers(layer_pairs(ours, peer), ours, peer)
@@ -121,9 +127,7 @@ def test_our_update_equals_sb3s_on_the_same_rollout_weights_and_minibatch_order(
         torch.testing.assert_close(returns, torch.as_tensor(m.rollout_buffer.returns), atol=1e-5, rtol=1e-5)
 
         update_both_in_one_order(ours, peer, monkeypatch)
-        for mine, theirs in layer_pairs(ours, peer):
-            torch.testing.assert_close(mine.weight, theirs.weight, atol=SAME_WEIGHTS, rtol=0)
-            torch.testing.assert_close(mine.bias, theirs.bias, atol=SAME_WEIGHTS, rtol=0)
+        assert_same_layers(layer_pairs(ours, peer))
     finally:
         ours.close()
         peer.close()
@@ -222,9 +226,7 @@ def test_our_dqn_update_equals_sb3s_on_the_same_batch_and_weights(variant: str) 
         bootstrap = res.config.dqn.gamma * (1.0 - sample.dones.squeeze(1))
         ours.learner.step(sample.observations, sample.actions.squeeze(1).long(), sample.rewards.squeeze(1),
                           sample.next_observations, bootstrap)
-        for mine, theirs in dqn_layer_pairs(ours, peer):
-            torch.testing.assert_close(mine.weight, theirs.weight, atol=SAME_WEIGHTS, rtol=0)
-            torch.testing.assert_close(mine.bias, theirs.bias, atol=SAME_WEIGHTS, rtol=0)
+        assert_same_layers(dqn_layer_pairs(ours, peer))
     finally:
         ours.close()
         peer.close()
