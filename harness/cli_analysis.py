@@ -295,6 +295,9 @@ def cmd_learn(args: argparse.Namespace) -> int:
     less = learn.failed_verdicts(data)
     if less:
         print(f"rlgauge: learns less: {', '.join(less)}", file=sys.stderr)
+        after = plan.seeds[-1] + 1
+        print(f"rlgauge: note: a batch of seeds can be lucky or not; before calling the gap real, check it on "
+              f"other seeds: --seed {after} --seeds {len(plan.seeds)}", file=sys.stderr)
     return EXIT_CHECK_FAILED if less or learn.failed_curves(data) else EXIT_OK  # a failed run was logged as it failed
 
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import TINY
 
 from harness.cli import main
+import harness.learn as learn_module
 from harness.learn import LESS, SAME, aggregate, bootstrap_difference, compare, final_count, make_grid, on_grid, verdict
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
@@ -80,6 +81,17 @@ def test_a_verdict_needs_three_seeds_per_arm() -> None:
 
 
 # --------------------------------------------------------------------------- the command
+
+def test_a_learns_less_verdict_exits_1_and_names_other_seeds_to_check_it_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(learn_module, "verdict", lambda difference: LESS)
+    code = main(["learn", "ppo-cartpole", "--seeds", "3", "--steps", "1000", *TINY_SETS, "--quiet",
+                 "--out", str(tmp_path / "learn")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "learns less: optimized vs baseline (final return), optimized vs baseline (area under curve)" in err
+    assert "check it on other seeds: --seed 4 --seeds 3" in err
+
 
 def test_learn_writes_curves_aggregates_verdicts_and_a_chart(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
