@@ -96,7 +96,7 @@ def test_phase_shares_are_percent_of_timed_wall_time() -> None:
 
 
 def test_env_ceiling_steps_the_resolved_backend_on_random_actions() -> None:
-    (spec,) = specs_for("ppo-cartpole", "optimized", ["device=cpu", "env.num_envs=4"])
+    (spec,) = specs_for("ppo-cartpole", "optimized", ["device=cpu", "env.num_envs=8"])
     config = resolve_config(spec.config).config
     assert config.env.vectorization == "native"
     assert env_ceiling(config, 400) > 0

@@ -192,13 +192,22 @@ def test_lean_rollout_is_rejected_for_value_based_algos() -> None:
 
 # --------------------------------------------------------------------------- value-based acting and replay
 
-def test_vectorization_auto_is_serial_for_one_sub_env() -> None:
+def test_vectorization_auto_is_serial_below_native_min_envs() -> None:
     from reference_trainers.common.envs import resolve_vectorization
     assert resolve_vectorization("CartPole-v1", "auto", num_envs=1).mode == "serial"
     assert resolve_vectorization("CartPole-v1", "auto", num_envs=4).mode == "native"
+    assert resolve_vectorization("CartPole-v1", "auto", num_envs=4, native_min_envs=6).mode == "serial"
     assert resolve_vectorization("CartPole-v1", "native", num_envs=1).mode == "native"  # explicit requests stand
     config = build_config({"algo": "dqn"}, ["device=cpu", "env.num_envs=1", "env.vectorization=auto"])
     assert resolve_config(config).config.env.vectorization == "serial"
+    for envs, mode in ((4, "serial"), (5, "serial"), (6, "native"), (64, "native")):
+        res = resolve_config(build_config({}, ["device=cpu", f"env.num_envs={envs}", "env.vectorization=auto"]))
+        assert res.config.env.vectorization == mode, envs
+    res = resolve_config(build_config({}, ["device=cpu", "env.num_envs=4", "env.vectorization=auto",
+                                           "tuning.native_min_envs=2"]))
+    assert res.config.env.vectorization == "native"
+    assert "tuning.native_min_envs" in resolve_config(
+        build_config({}, ["device=cpu", "env.num_envs=4", "env.vectorization=auto"])).reasons["env.vectorization"]
 
 
 def test_tensor_replay_on_cpu_writes_through_its_host_view() -> None:

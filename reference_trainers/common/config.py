@@ -213,6 +213,7 @@ class TuningConfig(_Section):
     aten_tanh_min_elements: int = Field(TUNING["aten_tanh_min_elements"].default, ge=1)
     noise_block_steps: int = Field(TUNING["noise_block_steps"].default, ge=1, le=1_000_000)
     compile_break_even_env_steps: int = Field(TUNING["compile_break_even_env_steps"].default, ge=0)
+    native_min_envs: int = Field(TUNING["native_min_envs"].default, ge=1)
 
 
 class StabilityConfig(_Section):

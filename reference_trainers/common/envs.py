@@ -118,14 +118,16 @@ def _check_action_repeat(action_repeat: int) -> None:
 
 
 def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1,
-                          preprocessing: str = "none", num_envs: int | None = None) -> VectorizationChoice:
+                          preprocessing: str = "none", num_envs: int | None = None,
+                          native_min_envs: int = 2) -> VectorizationChoice:
     """Turn a requested mode (one of VECTORIZATION_MODES or 'auto') into a concrete mode with a reason.
 
     'auto' picks 'envpool' for Atari when EnvPool is installed and provides the game (its C++
     thread pool steps and preprocesses frames outside the GIL), else 'native' when the env has an
-    importable vector entry point, action_repeat == 1 and more than one sub-env (``num_envs``
-    1 picks 'serial': one plain env step costs less than a vector env's batched array code),
-    else 'sync' (in-process envs beat subprocess ones for cheap envs on small machines).
+    importable vector entry point, action_repeat == 1 and at least ``native_min_envs`` sub-envs
+    (fewer pick 'serial': a loop of a few plain env steps costs less than a vector env's batched
+    array code, which costs about the same for any count), else 'sync' (in-process envs beat
+    subprocess ones for cheap envs on small machines).
     """
     if requested not in _ACCEPTED_REQUESTS:
         raise EnvConfigError(
@@ -172,9 +174,10 @@ def resolve_vectorization(env_id: str, requested: str, *, action_repeat: int = 1
         return VectorizationChoice(
             "sync", f"action_repeat={int(action_repeat)} must wrap each sub-env, which a native vector env cannot do"
         )
-    if num_envs == 1:
-        return VectorizationChoice("serial", f"{why}, but with one sub-env a plain env step is cheaper than "
-                                             "the vector env's batched array code")
+    if num_envs is not None and num_envs < native_min_envs:
+        return VectorizationChoice("serial", f"{why}, but {num_envs} plain env step{'s' if num_envs > 1 else ''} "
+                                             "cost less than the vector env's batched array code (fewer sub-envs "
+                                             f"than tuning.native_min_envs = {native_min_envs})")
     return VectorizationChoice("native", why)
 
 

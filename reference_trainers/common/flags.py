@@ -72,6 +72,10 @@ TUNINGS: tuple[Tuning, ...] = (
            "env steps of a run's budget (``run``: warm-up plus timed repeats; a standalone trainer's "
            "``--steps``; ``learn --steps``) from which compiling the CPU hand-written train step "
            "(``compile_train_step: auto``) pays for its seconds of compile time; shorter runs stay eager"),
+    Tuning("native_min_envs", 6,
+           "sub-envs from which ``env.vectorization: auto`` picks an env's native vector entry point: its "
+           "batched array code costs about the same whatever the count, so below this a loop of plain env "
+           "steps (``serial``) is faster"),
     Tuning("noise_block_steps", 256,
            "env steps of epsilon-greedy draws taken in one call by ``block_noise`` (the same numbers "
            "as one call per step on the CPU)"),

@@ -54,7 +54,8 @@ def resolve_config(config: TrainConfig) -> Resolution:
             raise EnvConfigError(f"env.preprocessing: 'atari' needs an ALE env id (e.g. 'ALE/Pong-v5'), "
                                  f"{resolved.env.id!r} is not one; accepted for it: 'none'")
         choice = resolve_vectorization(resolved.env.id, resolved.env.vectorization, action_repeat=resolved.env.action_repeat,
-                                       preprocessing=resolved.env.preprocessing, num_envs=resolved.env.num_envs)
+                                       preprocessing=resolved.env.preprocessing, num_envs=resolved.env.num_envs,
+                                       native_min_envs=resolved.tuning.native_min_envs)
     except EnvConfigError as exc:
         raise ConfigError(str(exc)) from None
     if resolved.env.vectorization == "auto":
