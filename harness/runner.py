@@ -26,8 +26,8 @@ from reference_trainers.common.resolve import Resolution, optimisation_summary, 
 from . import metrics, quality
 from .checkpoints import Checkpointing
 from .errors import UserError
-from .interrupts import raise_if_stopping
 from .gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
+from .interrupts import raise_if_stopping
 from .machine_state import OthersMeter, Snapshot, free_cores
 from .own_trainer import OwnConfig, resolve_own
 from .presets import VariantSpec

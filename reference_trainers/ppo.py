@@ -469,7 +469,6 @@ class PPOTrainer(Checkpointable):
             with probe.phase("transfer"):
                 self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
             obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
-            resetting = self.episode_over
             self.obs_buf[t] = torch.as_tensor(obs_t)  # numpy_acting hands back host arrays
             self.actions_buf[t] = torch.as_tensor(action)
             self.logprobs_buf[t] = torch.as_tensor(logprob)
@@ -480,7 +479,7 @@ class PPOTrainer(Checkpointable):
                 flags = self.to_device(np.stack([reward, terminated, truncated]), "flags")
                 self.rewards_buf[t], self.terminated_buf[t], self.truncated_buf[t] = flags
             with probe.phase("logging"):
-                frames += frames_in_step(info, self.num_envs, resetting)
+                frames += frames_in_step(info, self.num_envs, self.episode_over)
                 self.tracker.update(reward, terminated, truncated)
                 self.episode_over = terminated | truncated
         return frames, self.config.ppo.num_steps * self.num_envs
