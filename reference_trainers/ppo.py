@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +29,7 @@ from .common.envs import frames_in_step, open_vector_env
 from .common.episodes import EpisodeTracker
 from .common.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from .common.networks import ActorCritic, StackedMLPs
+from .common.numpy_update import HostPPOStep
 from .common.prefetch import Prefetcher
 from .common.probe import NullProbe, Probe
 from .common.resolve import Resolution, resolve_config
@@ -275,6 +276,12 @@ class PPOTrainer(Checkpointable):
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
         self.loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
+        self.numpy_update = bool(o.numpy_update)
+        if self.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
+            if not self.analytic:
+                raise ConfigError("optimizations.numpy_update: true needs analytic_grads; accepted here: false or auto")
+            self.learner.loss = HostPPOStep(self.model.actor, self.model.critic, self.learner.flat_grad,
+                                            c.stability.max_grad_norm, **asdict(self.loss_coefs))
         # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
         self.analytic_step: CompiledOrEager | None = None
         if self.analytic and o.compile_train_step:

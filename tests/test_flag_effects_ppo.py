@@ -25,7 +25,7 @@ from flag_effects import (
 )
 from precision_state import cuda_tf32_enabled
 
-from reference_trainers.common import analytic, numpy_acting
+from reference_trainers.common import analytic, numpy_acting, numpy_update
 from reference_trainers.common import device as dev
 
 PPO_ALGOS = ("ppo", "ppo-lstm")
@@ -120,6 +120,22 @@ def test_analytic_grads_sets_ppo_gradients_by_hand_without_autograd(monkeypatch:
         updates = trainer.iterate().updates
     assert updates > 0
     assert (len(backwards), len(by_hand)) == ((0, 2 * updates) if on else (updates, 0))
+
+
+@pytest.mark.flag_effect("optimizations.numpy_update")
+@pytest.mark.parametrize("on", [False, True])
+def test_numpy_update_runs_the_hand_written_step_in_numpy(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    """Plain: the hand-written step's torch backward per network and update; on: one NumPy step per
+    update and no torch backward, the gradients still in the parameters' ``.grad``."""
+    host_steps = spy(monkeypatch, numpy_update.HostPPOStep, "__call__")
+    by_hand = spy(monkeypatch, analytic, "mlp_backward")
+    with running("ppo", "optimizations.analytic_grads=true", f"optimizations.numpy_update={str(on).lower()}") as t:
+        before = [p.detach().clone() for p in t.model.parameters()]
+        updates = t.iterate().updates
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in t.model.parameters())
+        assert all(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
+    assert updates > 0
+    assert (len(host_steps), len(by_hand)) == ((updates, 0) if on else (0, 2 * updates))
 
 
 ADAM = importlib.import_module("torch.optim.adam")

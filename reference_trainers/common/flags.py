@@ -346,6 +346,13 @@ def _aten_tanh_blockers(ctx: Context) -> list[tuple[bool, str]]:
             (ctx.config.model.activation != "tanh", f"model.activation {ctx.config.model.activation!r} has no tanh")]
 
 
+def _numpy_update_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    o = ctx.o
+    return [(not o.analytic_grads, "it runs the hand-written step in NumPy: needs analytic_grads"),
+            (bool(o.compile_train_step), "compile_train_step compiles the torch hand-written step instead"),
+            (o.matmul_precision != "highest", f"matmul_precision {o.matmul_precision!r}: NumPy multiplies in float32")]
+
+
 def _always(why: str) -> AutoRule:
     return lambda ctx: (True, why)
 
@@ -453,6 +460,15 @@ FLAGS: tuple[Flag, ...] = (
          "the compiled step takes the drawn indices and gathers its minibatch itself: one call per update.",
          "value_based.ValueTrainer.analytic_grads_at", "update", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
          blockers=_gather_in_step_blockers, auto=_always("one compiled call per update instead of a gather beside it")),
+    Flag(_o("numpy_update"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
+         "NumPy's float32 kernels sum and round in another order than torch's",
+         "the hand-written step's forward, loss gradients, backward and clipping as torch ops.",
+         "the same step as NumPy calls over zero-copy views of the weights and the flat gradient buffer "
+         "(the fused Adam step stays torch's).",
+         "numpy_update.HostPPOStep", "update", algos=("ppo",), devices=("cpu",), bodies=("mlp",),
+         blockers=_numpy_update_blockers,
+         auto=_always("torch's per-op dispatch and its CPU tanh cost more than NumPy's on a small minibatch"),
+         advice="numpy_update=true (the hand-written update in NumPy)"),
     Flag(_o("optimizer_impl"), Literal["forloop", "foreach", "fused", "auto"], "forloop", ("foreach", "fused"), "auto",
          FP_REORDER, "multi-tensor and fused kernels reassociate the Adam update",
          "Adam's per-tensor Python loop.", "multi-tensor (`foreach`) or one fused kernel (`fused`) per group.",

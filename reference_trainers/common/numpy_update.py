@@ -1,0 +1,182 @@
+"""``optimizations.numpy_update``: PPO's hand-written minibatch step in NumPy, on the CPU.
+
+``analytic_grads`` removes autograd from a small update, but each of its torch ops still
+spends microseconds in dispatch for a few thousand multiply-adds, and torch's CPU tanh kernel
+is several times slower than NumPy's on a minibatch's activations. Here the same forward,
+loss gradients (``ppo.ppo_loss_grads``), backward (``analytic.mlp_backward``) and gradient
+clipping run as NumPy calls on zero-copy views: the weights are read through views of the
+parameters, the gradients are written into views of the learner's flat gradient buffer, and
+the optimiser step stays torch's fused Adam kernel. Same maths, other kernels and summation
+order: the fp-reorder parity class. Guarded by tests/test_numpy_update.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from .analytic import ACTIVATION_NAMES
+from .networks import MLP
+from .numpy_acting import host_view
+
+STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
+"""The statistics a step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
+
+
+@dataclass
+class HostLinear:
+    """A linear layer's weight and bias, and their gradients, as NumPy views of the torch tensors."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    weight_grad: np.ndarray
+    bias_grad: np.ndarray
+    activation: str | None
+    """The activation applied to this layer's input (None for the first layer)."""
+
+
+class HostMLP:
+    """An ``MLP``'s forward and hand-written backward in float32 NumPy over views of its
+    parameters and of their ``.grad`` tensors (which must exist: the learner's flat buffer)."""
+
+    def __init__(self, mlp: MLP) -> None:
+        self.layers: list[HostLinear] = []
+        activation: str | None = None
+        for layer in mlp:
+            if isinstance(layer, nn.Linear):
+                if layer.weight.grad is None or layer.bias.grad is None:
+                    raise ValueError("numpy_update writes into existing gradient tensors (the learner's flat buffer)")
+                self.layers.append(HostLinear(host_view(layer.weight), host_view(layer.bias),
+                                              host_view(layer.weight.grad), host_view(layer.bias.grad), activation))
+                activation = None
+            else:
+                activation = ACTIVATION_NAMES[type(layer)]
+
+    def forward(self, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The output for ``x`` (rows, inputs) and each linear layer's input, for ``backward``."""
+        inputs: list[np.ndarray] = []
+        for layer in self.layers:
+            if layer.activation == "tanh":
+                np.tanh(x, out=x)
+            elif layer.activation == "relu":
+                np.maximum(x, 0.0, out=x)
+            inputs.append(x)
+            x = x @ layer.weight.T  # a fresh array: the next activation works in place
+            x += layer.bias
+        return x, inputs
+
+    def backward(self, inputs: Sequence[np.ndarray], grad_out: np.ndarray) -> None:
+        """Write every weight's and bias's gradient from d loss / d output (``analytic.mlp_backward``)."""
+        for index in range(len(self.layers) - 1, -1, -1):
+            layer, layer_input = self.layers[index], inputs[index]
+            np.matmul(grad_out.T, layer_input, out=layer.weight_grad)
+            np.sum(grad_out, axis=0, out=layer.bias_grad)
+            if index == 0:
+                return
+            grad_out = grad_out @ layer.weight
+            if layer.activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
+                slope = np.square(layer_input)
+                np.subtract(1.0, slope, out=slope)
+                grad_out *= slope
+            else:  # relu: the gradient passes where the output is positive
+                grad_out *= layer_input > 0
+
+
+def _max_share(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``ppo._max_share``: 1, 0, or 1/2 at a tie."""
+    return (np.sign(a - b) + 1.0) * 0.5
+
+
+def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, old_logprob: np.ndarray,
+                   advantages: np.ndarray, returns: np.ndarray, old_value: np.ndarray, mask: np.ndarray,
+                   clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ppo.ppo_loss_grads`` in NumPy: (loss then the statistics of ``STAT_NAMES`` but the last,
+    as one float32 array; d loss / d logits; d loss / d values)."""
+    count = max(mask.sum(), np.float32(1.0))
+    weight = mask / count
+    if norm_adv:  # Bessel-corrected, as in ppo_loss
+        centered = advantages - advantages @ weight
+        advantages = centered / (np.sqrt((centered * centered) @ mask / max(count - 1, np.float32(1.0))) + 1e-8)
+    shifted = logits - logits.max(-1, keepdims=True)
+    probs = np.exp(shifted)
+    log_probs = shifted - np.log(probs.sum(-1, keepdims=True))
+    np.exp(log_probs, out=probs)
+    rows, taken = np.arange(logits.shape[0]), actions.astype(np.intp)
+    log_ratio = log_probs[rows, taken] - old_logprob
+    ratio = np.exp(log_ratio)
+    low, high = 1 - clip_coef, 1 + clip_coef
+    neg_adv = -advantages
+    unclipped, clipped = neg_adv * ratio, neg_adv * np.clip(ratio, low, high)
+    value_error = value - returns
+    if clip_vloss:
+        value_step = value - old_value
+        clipped_error = old_value + np.clip(value_step, -clip_coef, clip_coef) - returns
+        squared, clipped_squared = np.square(value_error), np.square(clipped_error)
+        value_terms = np.maximum(squared, clipped_squared)
+    else:
+        value_terms = np.square(value_error)
+    ratio_step = ratio - 1.0
+    terms = np.stack([np.maximum(unclipped, clipped), value_terms, -(probs * log_probs).sum(-1),
+                      ratio_step - log_ratio, (np.abs(ratio_step) > clip_coef).astype(np.float32)])
+    pg_loss, value_sum, entropy, approx_kl, clip_fraction = terms @ weight
+    v_loss = 0.5 * value_sum
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+
+    share = np.where((ratio >= low) & (ratio <= high), np.float32(1.0), _max_share(unclipped, clipped))
+    grad_logprob = weight * neg_adv * share * ratio
+    grad_log_probs = (log_probs + 1.0) * probs * (weight * ent_coef)[:, None]
+    grad_log_probs[rows, taken] += grad_logprob
+    grad_logits = grad_log_probs - probs * grad_log_probs.sum(-1, keepdims=True)
+    if clip_vloss:
+        share_v = _max_share(squared, clipped_squared)
+        passes = (value_step >= -clip_coef) & (value_step <= clip_coef)
+        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
+    else:
+        slope = value_error
+    grad_value = slope * (weight * vf_coef)
+    scalars = np.array([loss, pg_loss, v_loss, entropy, approx_kl, clip_fraction], dtype=np.float32)
+    return scalars, grad_logits, grad_value
+
+
+class HostPPOStep:
+    """One PPO minibatch's loss, every gradient and their clipping, in NumPy (``numpy_update``).
+
+    Called as the learner's loss closure that clips itself: returns (loss, statistics with
+    ``nonfinite``, gradient norm before clipping) as 0-d torch tensors; the gradients are in
+    ``flat_grad`` (the parameters' ``.grad``) when it returns."""
+
+    def __init__(self, actor: MLP, critic: MLP, flat_grad: torch.Tensor, max_grad_norm: float | None,
+                 clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool) -> None:
+        self.actor, self.critic = HostMLP(actor), HostMLP(critic)
+        self.flat_grad = host_view(flat_grad)
+        for layer in self.actor.layers + self.critic.layers:  # every gradient must be a view of the flat buffer
+            for grad in (layer.weight_grad, layer.bias_grad):
+                if not np.shares_memory(grad, self.flat_grad):
+                    raise ValueError("numpy_update needs every gradient in the learner's flat buffer")
+        self.max_grad_norm = max_grad_norm
+        self.coefs = (np.float32(clip_coef), clip_vloss, np.float32(ent_coef), np.float32(vf_coef), norm_adv)
+
+    def __call__(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
+                 returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        obs_h = obs.numpy()
+        logits, actor_inputs = self.actor.forward(obs_h)
+        value, critic_inputs = self.critic.forward(obs_h)
+        scalars, grad_logits, grad_value = ppo_loss_grads(
+            logits, value[:, 0], actions.numpy(), old_logprob.numpy(), advantages.numpy(), returns.numpy(),
+            old_value.numpy(), mask.numpy(), *self.coefs)
+        self.actor.backward(actor_inputs, grad_logits)
+        self.critic.backward(critic_inputs, grad_value[:, None])
+        flat = self.flat_grad
+        grad_norm = np.sqrt(flat @ flat)
+        if self.max_grad_norm is not None:  # Learner._clip_scale
+            flat *= np.minimum(self.max_grad_norm / (grad_norm + np.float32(1e-6)), np.float32(1.0))
+        nonfinite = np.float32(not (np.isfinite(scalars[0]) and np.isfinite(grad_norm)))
+        out = torch.from_numpy(np.append(scalars, (nonfinite, grad_norm)).astype(np.float32, copy=False))
+        loss, *stats, norm = out.unbind()
+        return loss, dict(zip(STAT_NAMES, stats)), norm

@@ -1,0 +1,145 @@
+"""Tests for ``optimizations.numpy_update``: PPO's hand-written minibatch step in NumPy.
+
+Each piece is compared with the torch hand-written step it replaces (``ppo.ppo_loss_grads``,
+``analytic.mlp_forward``/``mlp_backward``, the learner's clipping), and whole training runs
+with and without it end within the fp-reorder tolerance. That the path is taken:
+tests/test_flag_effects_ppo.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from value_trainers import assert_params_close
+
+from harness.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.parity import TOLERANCES
+from reference_trainers.common import analytic, numpy_update
+from reference_trainers.common.config import ConfigError, build_config
+from reference_trainers.common.learner import flat_gradients
+from reference_trainers.common.networks import mlp
+from reference_trainers.common.resolve import resolve_config
+from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, ppo_loss_grads
+
+FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
+ON = ["optimizations.analytic_grads=true", "optimizations.numpy_update=true"]
+OFF = ["optimizations.analytic_grads=true", "optimizations.numpy_update=false"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 40), actions=st.integers(2, 6), seed=st.integers(0, 2**16), norm_adv=st.booleans(),
+       clip_vloss=st.booleans(), near_old=st.booleans(), masked=st.floats(0.0, 0.6))
+def test_numpy_ppo_loss_grads_match_the_torch_ones(rows: int, actions: int, seed: int, norm_adv: bool,
+                                                   clip_vloss: bool, near_old: bool, masked: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    logits, values = randn(rows, actions), randn(rows)
+    taken = torch.randint(actions, (rows,), generator=gen)
+    old_logprob = torch.log_softmax(logits, -1).gather(-1, taken[:, None]).squeeze(-1)
+    if not near_old:  # ratios away from 1, so both clipping branches are exercised
+        old_logprob = old_logprob + 0.5 * randn(rows)
+    old_value = values if near_old else values + 0.5 * randn(rows)  # near_old: ties in both max() calls
+    mask = (torch.rand(rows, generator=gen) >= masked).float()
+    batch = (taken.float(), old_logprob, randn(rows), randn(rows), old_value, mask)
+    cfg = PPOLossCoefs(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=0.01, vf_coef=0.5, norm_adv=norm_adv)
+    loss, stats, grad_logits, grad_values = ppo_loss_grads(logits, values, *batch, cfg)
+    scalars, host_logits, host_values = numpy_update.ppo_loss_grads(
+        logits.numpy(), values.numpy(), *(x.numpy() for x in batch), np.float32(0.2), clip_vloss, np.float32(0.01),
+        np.float32(0.5), norm_adv)
+    for array in (scalars, host_logits, host_values):
+        assert array.dtype == np.float32
+    torch.testing.assert_close(torch.from_numpy(host_logits), grad_logits, **FP_REORDER)
+    torch.testing.assert_close(torch.from_numpy(host_values), grad_values, **FP_REORDER)
+    expected = torch.stack([loss, *(stats[name] for name in numpy_update.STAT_NAMES[:-1])])
+    torch.testing.assert_close(torch.from_numpy(scalars), expected, **FP_REORDER)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_host_mlp_forward_and_backward_match_the_torch_hand_written_ones(activation: str) -> None:
+    torch.manual_seed(0)
+    net = mlp(5, [16, 12], 3, activation, out_std=1.0)
+    flat = flat_gradients(list(net.parameters()))
+    x, grad_out = torch.randn(9, 5), torch.randn(9, 3)
+    with torch.no_grad():
+        expected_out, saved = analytic.mlp_forward(net, x)
+        analytic.mlp_backward(saved, grad_out)
+    expected = flat.clone()
+    flat.zero_()
+    host = numpy_update.HostMLP(net)
+    out, inputs = host.forward(x.numpy().copy())
+    host.backward(inputs, grad_out.numpy())
+    torch.testing.assert_close(torch.from_numpy(out), expected_out, **FP_REORDER)
+    torch.testing.assert_close(flat, expected, **FP_REORDER)  # written through the views, into the flat buffer
+
+
+def test_host_mlp_needs_the_gradient_tensors_to_write_into() -> None:
+    with pytest.raises(ValueError, match="existing gradient tensors"):
+        numpy_update.HostMLP(mlp(3, [4], 2, "tanh", out_std=1.0))
+
+
+def trained(*overrides: str, iterations: int = 3) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    t = PPOTrainer(build_config({}, TINY + list(overrides)))
+    try:
+        for _ in range(iterations):
+            t.iterate()
+        return {k: p.detach().clone() for k, p in t.model.named_parameters()}, dict(t.last_stats)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("extra", [[], ["ppo.norm_adv=false", "ppo.clip_vloss=true"], ["env.id=Acrobot-v1"],
+                                   ["model.activation=relu"], ["stability.max_grad_norm=null"],
+                                   ["stability.max_grad_norm=1e-3"]])
+def test_numpy_update_trains_like_the_torch_hand_written_step(extra: list[str]) -> None:
+    plain, plain_stats = trained(*OFF, *extra)
+    fast, fast_stats = trained(*ON, *extra)
+    assert_params_close(fast, plain, **FP_REORDER)
+    assert fast_stats.keys() == plain_stats.keys()
+    for name in plain_stats:
+        assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
+
+
+def test_numpy_update_clips_the_flat_gradients_and_reports_the_norm_before() -> None:
+    t = PPOTrainer(build_config({}, TINY + ON + ["stability.max_grad_norm=1e-4"]))
+    try:
+        t.collect()
+        t.update()
+        step = t.learner.loss
+        batch = (t.obs_buf.flatten(0, 1), t.actions_buf.flatten().float(), t.logprobs_buf.flatten(),
+                 torch.ones(t.valid_buf.numel()), t.values_buf.flatten(), t.values_buf.flatten(), t.valid_buf.flatten())
+        loss, stats, norm = step(*batch)
+        assert norm > 1e-3  # far above the bound: the gradients were scaled down to it
+        assert torch.linalg.vector_norm(t.learner.flat_grad).item() == pytest.approx(1e-4, rel=1e-3)
+        assert stats["nonfinite"].item() == 0.0
+        assert all(value.dtype == torch.float32 and value.ndim == 0 for value in (loss, norm, *stats.values()))
+        bad = (batch[0] * float("nan"), *batch[1:])
+        assert step(*bad)[1]["nonfinite"].item() == 1.0
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["optimizations.analytic_grads=false"], "needs analytic_grads"),
+    (["optimizations.analytic_grads=true", "optimizations.compile_train_step=true"], "compile_train_step compiles"),
+    (["optimizations.analytic_grads=true", "optimizations.matmul_precision=medium"], "matmul_precision 'medium'"),
+    (["algo=dqn"], "has no effect for algo 'dqn'"),
+])
+def test_numpy_update_true_is_rejected_where_it_cannot_run(overrides: list[str], message: str) -> None:
+    config = build_config({}, TINY + overrides + ["optimizations.numpy_update=true"])
+    with pytest.raises(ConfigError, match="^optimizations.numpy_update: true ") as info:
+        resolve_config(config)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["optimizations.analytic_grads=auto"], True), (["optimizations.analytic_grads=false"], False),
+    (["optimizations.analytic_grads=true", "optimizations.compile_train_step=true"], False),
+])
+def test_numpy_update_auto_resolves_where_it_applies(overrides: list[str], expected: bool) -> None:
+    resolution = resolve_config(build_config({}, TINY + overrides + ["optimizations.numpy_update=auto"]))
+    assert resolution.config.optimizations.numpy_update is expected
+    assert "optimizations.numpy_update" in resolution.reasons
