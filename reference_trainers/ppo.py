@@ -495,12 +495,14 @@ class PPOTrainer(Checkpointable):
         """Optimised path (``lean_rollout``): the storage is written once per rollout, not per step.
         The reset mask, rewards and done flags go to a host array that crosses once; actions,
         log-probabilities and values are stacked once at the end (with ``numpy_acting`` they and the
-        observations are host arrays, staged on the host and copied once each). Acting is the
-        plain collect's: ``act`` decides the forward."""
+        observations are host arrays, staged on the host and copied once each). Episodes and
+        transitions are counted once per rollout from the staged arrays. Acting is the plain
+        collect's: ``act`` decides the forward."""
         probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
         host = self.host_scalars
         actions, logprobs, values = [], [], []
         host_obs = self.host_obs
+        framed: list[int] = []  # steps whose info reports frames (action repeat); the others count their valid rows
         for t in range(steps):
             host[0, t] = ~self.episode_over
             obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
@@ -515,9 +517,13 @@ class PPOTrainer(Checkpointable):
                 self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
             with probe.phase("logging"):
                 host[1, t], host[2, t], host[3, t] = reward, terminated, truncated
-                frames += frames_in_step(info, self.num_envs, self.episode_over)
-                self.tracker.update(reward, terminated, truncated)
+                if "frames" in info:
+                    frames += frames_in_step(info, self.num_envs, self.episode_over)
+                    framed.append(t)
                 self.episode_over = terminated | truncated
+        with probe.phase("logging"):  # episodes and transitions of the whole rollout, from the staged arrays
+            frames += int(np.count_nonzero(host[0])) - int(np.count_nonzero(host[0, framed]))
+            self.tracker.update_block(host[1], (host[2] + host[3]) > 0)
         with probe.phase("transfer"):
             scalars = self.to_device(host, "rollout_scalars")
             for store, rows in zip((self.valid_buf, self.rewards_buf, self.terminated_buf, self.truncated_buf), scalars):

@@ -10,6 +10,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 import pytest
 from gymnasium.vector import AutoresetMode
 from hypothesis import given, settings
@@ -374,3 +375,24 @@ def test_episode_tracker_matches_a_per_env_loop(num_envs: int, seed: int, reload
         finished_all += expected
         assert tracker.update(rewards, terminated, truncated) == expected
     assert tracker.completed == len(finished_all)
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_envs=st.integers(1, 4), seed=st.integers(0, 2**16), blocks=st.lists(st.integers(1, 12), min_size=1,
+                                                                                max_size=5),
+       end_rate=st.sampled_from([0.0, 0.05, 0.3]))
+def test_episode_tracker_block_update_equals_its_steps_one_by_one(num_envs: int, seed: int, blocks: list[int],
+                                                                  end_rate: float) -> None:
+    """``update_block`` (lean_rollout's once-per-rollout accounting) leaves the tracker as the same
+    steps through ``update`` do, and hands back the same finished returns, bit for bit (fractional
+    rewards, so any reassociation of the running sums would show)."""
+    rng = np.random.default_rng(seed)
+    one_by_one, blockwise = EpisodeTracker(num_envs, window=1000), EpisodeTracker(num_envs, window=1000)
+    for steps in blocks:
+        rewards = rng.normal(size=(steps, num_envs)).astype(np.float32) / 3
+        done = rng.random((steps, num_envs)) < end_rate
+        expected = [r for t in range(steps) for r in one_by_one.update(rewards[t], done[t], np.zeros_like(done[t]))]
+        assert blockwise.update_block(rewards, done) == expected
+        for name, value in one_by_one.state_dict().items():
+            other = blockwise.state_dict()[name]
+            assert (torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other), name

@@ -58,6 +58,29 @@ class EpisodeTracker:
         self._lengths[ended] = 0
         return finished
 
+    def update_block(self, rewards: np.ndarray, done: np.ndarray) -> list[float]:
+        """``update`` for a block of vector steps at once (rows in step order; ``done``:
+        ``terminated | truncated``), with the same results: the steps where an episode ends, and
+        the step after each, go through ``update``; the runs of steps between them, where every
+        sub-env is mid-episode, add their rewards in one sequential accumulate and their lengths
+        in one add (``lean_rollout``'s once-per-rollout accounting)."""
+        rewards = np.asarray(rewards, dtype=np.float32).reshape(-1, self.num_envs)
+        done = np.asarray(done, dtype=np.bool_).reshape(-1, self.num_envs)
+        any_done = done.any(axis=1)
+        events = any_done.copy()  # steps that end an episode, and the (reset) step after each
+        events[1:] |= any_done[:-1]
+        events[0] |= self._any_resetting
+        finished: list[float] = []
+        start = 0
+        for step in [*np.flatnonzero(events).tolist(), len(rewards)]:
+            if step > start:  # every sub-env mid-episode: the running returns, then each step's rewards, in order
+                self._returns = np.add.accumulate(np.vstack([self._returns[None], rewards[start:step]]))[-1]
+                self._lengths += step - start
+            if step < len(rewards):
+                finished += self.update(rewards[step], None, None, done=done[step], any_done=bool(any_done[step]))
+            start = step + 1
+        return finished
+
     def state_dict(self) -> dict[str, Any]:
         """Running and recent episode statistics, as tensors and lists (checkpoints)."""
         return {"returns": torch.from_numpy(self._returns.copy()), "lengths": torch.from_numpy(self._lengths.copy()),
