@@ -16,7 +16,9 @@ from torch import nn
 
 from .common import analytic
 from .common.buffers import Sample
+from .common.config import ConfigError
 from .common.networks import QNetwork
+from .common.numpy_update import HostDQNStep
 from .common.trainer import train_from_command_line
 from .common.value_based import ValueTrainer
 
@@ -98,6 +100,14 @@ class DQNTrainer(ValueTrainer):
             saved, grad_q, loss, stats = self._td_gradient(*batch)
             analytic.mlp_backward(saved, grad_q)
         return loss, stats
+
+    def host_step(self) -> HostDQNStep:
+        """``numpy_update``: ``analytic_loss``'s maths as NumPy calls over views of the online and
+        target networks' weights, writing into the learner's flat gradients."""
+        if not self.learner.sets_grads:
+            raise ConfigError("optimizations.numpy_update: true needs analytic_grads; accepted here: false or auto")
+        return HostDQNStep(self.model.net, self.target.net, self.learner.flat_grad, self.config.stability.max_grad_norm,
+                           self.hp.double_q)
 
     def analytic_grads(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                        bootstrap: torch.Tensor, weights: torch.Tensor | None = None

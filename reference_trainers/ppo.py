@@ -113,17 +113,29 @@ def compute_gae_fused(rewards: torch.Tensor, values: torch.Tensor, next_value: t
                       terminated: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor, gamma: float,
                       lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``compute_gae`` with the TD errors and the chain coefficients computed for the whole
-    rollout at once, leaving one fused multiply-add per time step (``fused_gae``)."""
+    rollout at once, leaving one multiply-add per time step (``fused_gae``): a fused torch op,
+    or on the CPU two NumPy calls on views of the same tensors (a fraction of torch's dispatch)."""
     steps = rewards.shape[0]
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     not_terminated = 1.0 - terminated
     deltas = (rewards + gamma * next_values * not_terminated - values) * valid
     chain = gamma * lam * not_terminated * (1.0 - truncated) * valid
     advantages = torch.empty_like(rewards)
-    running = torch.zeros_like(next_value)
-    for t in reversed(range(steps)):
-        running = torch.addcmul(deltas[t], chain[t], running, out=advantages[t])
+    if advantages.device.type == "cpu":
+        _chain_on_host(deltas.numpy(), chain.numpy(), advantages.numpy())
+    else:
+        running = torch.zeros_like(next_value)
+        for t in reversed(range(steps)):
+            running = torch.addcmul(deltas[t], chain[t], running, out=advantages[t])
     return advantages, advantages + values
+
+
+def _chain_on_host(deltas: np.ndarray, chain: np.ndarray, out: np.ndarray) -> None:
+    """``out[t] = deltas[t] + chain[t] * out[t + 1]`` backwards from the last step (0 after it)."""
+    running, scaled = np.zeros_like(deltas[0]), np.empty_like(deltas[0])
+    for t in range(len(deltas) - 1, -1, -1):
+        np.multiply(chain[t], running, out=scaled)
+        running = np.add(deltas[t], scaled, out=out[t])
 
 
 def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor, old_logprob: torch.Tensor,

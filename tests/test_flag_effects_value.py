@@ -23,7 +23,7 @@ from flag_effects import (
     tensor_calls,
 )
 
-from reference_trainers.common import analytic, buffers, numpy_acting, per
+from reference_trainers.common import analytic, buffers, numpy_acting, numpy_update, per
 from reference_trainers.common.nstep import NStepWriter, OneStepWriter
 
 ALGOS = ("dqn", "iqn")
@@ -90,6 +90,22 @@ def test_analytic_grads_sets_dqn_gradients_by_hand_without_autograd(monkeypatch:
         updates = trainer.iterate().updates
     assert updates > 0
     assert (len(backwards), len(by_hand)) == ((0, updates) if on else (updates, 0))
+
+
+@pytest.mark.flag_effect("optimizations.numpy_update")
+@pytest.mark.parametrize("on", [False, True])
+def test_numpy_update_runs_the_dqn_step_in_numpy(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    """Plain: the hand-written step's torch backward per update; on: one NumPy step per update and
+    no torch backward, the Q-network's gradients still in its ``.grad`` and its weights trained."""
+    host_steps = spy(monkeypatch, numpy_update.HostDQNStep, "__call__")
+    by_hand = spy(monkeypatch, analytic, "mlp_backward")
+    with running("dqn", "optimizations.analytic_grads=true", f"optimizations.numpy_update={str(on).lower()}") as t:
+        before = [p.detach().clone() for p in t.model.parameters()]
+        updates = t.iterate().updates
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in t.model.parameters())
+        assert all(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
+    assert updates > 0
+    assert (len(host_steps), len(by_hand)) == ((updates, 0) if on else (0, updates))
 
 
 ADAM = importlib.import_module("torch.optim.adam")

@@ -1,4 +1,4 @@
-"""Tests for ``optimizations.numpy_update``: PPO's hand-written minibatch step in NumPy.
+"""Tests for ``optimizations.numpy_update``: the hand-written minibatch step of PPO and DQN in NumPy.
 
 Each piece is compared with the torch hand-written step it replaces (``ppo.ppo_loss_grads``,
 ``analytic.mlp_forward``/``mlp_backward``, the learner's clipping), and whole training runs
@@ -14,7 +14,7 @@ import torch
 from conftest import TINY
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from value_trainers import assert_params_close
+from value_trainers import assert_params_close, make
 
 from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
@@ -122,11 +122,50 @@ def test_numpy_update_clips_the_flat_gradients_and_reports_the_norm_before() -> 
         t.close()
 
 
+@pytest.mark.parametrize("extra", [[], ["dqn.double_q=true"], ["dqn.prioritized_replay=true"], ["dqn.n_step=3"],
+                                   ["model.activation=tanh"], ["stability.max_grad_norm=1e-3"]])
+def test_numpy_update_trains_dqn_like_the_torch_hand_written_step(extra: list[str]) -> None:
+    results = []
+    for flags in (OFF, ON):
+        t = make("dqn", *flags, *extra)
+        try:
+            for _ in range(4):
+                t.iterate()
+            assert t.updates > 0
+            priorities = t.replay.state_dict()["sampler"].get("sums") if "dqn.prioritized_replay=true" in extra else None
+            results.append(({k: p.detach().clone() for k, p in t.model.named_parameters()}, dict(t.last_stats),
+                            priorities))
+        finally:
+            t.close()
+    (plain, plain_stats, plain_priorities), (fast, fast_stats, fast_priorities) = results
+    assert_params_close(fast, plain, **FP_REORDER)
+    assert fast_stats.keys() == plain_stats.keys()
+    for name in plain_stats:
+        assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
+    if plain_priorities is not None:  # PER: the per-sample |TD error| the NumPy step hands back
+        torch.testing.assert_close(fast_priorities, plain_priorities, **FP_REORDER)
+
+
+def test_numpy_dqn_step_reports_a_non_finite_loss() -> None:
+    t = make("dqn", *ON)
+    try:
+        while not t.updates:
+            t.iterate()
+        sample = t.replay.gather(*t.replay.draw(t.hp.batch_size, t._beta()))
+        obs, *rest = t.train_batch(sample)
+        loss, stats, norm = t.learner.loss(obs, *rest)
+        assert stats["nonfinite"].item() == 0.0 and torch.isfinite(loss) and stats["priority"].shape == (len(obs),)
+        assert all(value.dtype == torch.float32 for value in (loss, norm, *stats.values()))
+        assert t.learner.loss(obs * float("nan"), *rest)[1]["nonfinite"].item() == 1.0
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["optimizations.analytic_grads=false"], "needs analytic_grads"),
     (["optimizations.analytic_grads=true", "optimizations.compile_train_step=true"], "compile_train_step compiles"),
     (["optimizations.analytic_grads=true", "optimizations.matmul_precision=medium"], "matmul_precision 'medium'"),
-    (["algo=dqn"], "has no effect for algo 'dqn'"),
+    (["algo=iqn"], "has no effect for algo 'iqn'"),
 ])
 def test_numpy_update_true_is_rejected_where_it_cannot_run(overrides: list[str], message: str) -> None:
     config = build_config({}, TINY + overrides + ["optimizations.numpy_update=true"])

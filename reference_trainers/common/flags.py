@@ -465,9 +465,10 @@ FLAGS: tuple[Flag, ...] = (
          "the hand-written step's forward, loss gradients, backward and clipping as torch ops.",
          "the same step as NumPy calls over zero-copy views of the weights and the flat gradient buffer "
          "(the fused Adam step stays torch's).",
-         "numpy_update.HostPPOStep", "update", algos=("ppo",), devices=("cpu",), bodies=("mlp",),
+         "numpy_update.HostPPOStep / numpy_update.HostDQNStep", "update", algos=("ppo", "dqn"), devices=("cpu",),
+         bodies=("mlp",),
          blockers=_numpy_update_blockers,
-         auto=_always("torch's per-op dispatch and its CPU tanh cost more than NumPy's on a small minibatch"),
+         auto=_always("torch's per-op dispatch (and its CPU tanh) costs more than NumPy's calls on a small minibatch"),
          advice="numpy_update=true (the hand-written update in NumPy)"),
     Flag(_o("optimizer_impl"), Literal["forloop", "foreach", "fused", "auto"], "forloop", ("foreach", "fused"), "auto",
          FP_REORDER, "multi-tensor and fused kernels reassociate the Adam update",

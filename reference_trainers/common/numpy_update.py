@@ -1,13 +1,14 @@
-"""``optimizations.numpy_update``: PPO's hand-written minibatch step in NumPy, on the CPU.
+"""``optimizations.numpy_update``: the hand-written minibatch step of PPO and DQN in NumPy, on the CPU.
 
 ``analytic_grads`` removes autograd from a small update, but each of its torch ops still
 spends microseconds in dispatch for a few thousand multiply-adds, and torch's CPU tanh kernel
 is several times slower than NumPy's on a minibatch's activations. Here the same forward,
-loss gradients (``ppo.ppo_loss_grads``), backward (``analytic.mlp_backward``) and gradient
-clipping run as NumPy calls on zero-copy views: the weights are read through views of the
-parameters, the gradients are written into views of the learner's flat gradient buffer, and
-the optimiser step stays torch's fused Adam kernel. Same maths, other kernels and summation
-order: the fp-reorder parity class. Guarded by tests/test_numpy_update.py.
+loss gradients (``ppo.ppo_loss_grads``; DQN's Huber TD gradient, ``dqn.DQNTrainer._td_gradient``),
+backward (``analytic.mlp_backward``) and gradient clipping run as NumPy calls on zero-copy
+views: the weights (and DQN's target network) are read through views of the parameters, the
+gradients are written into views of the learner's flat gradient buffer, and the optimiser
+step stays torch's fused Adam kernel. Same maths, other kernels and summation order: the
+fp-reorder parity class. Guarded by tests/test_numpy_update.py.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from torch import nn
 
 from .analytic import ACTIVATION_NAMES
 from .networks import MLP
-from .numpy_acting import host_view
+from .numpy_acting import NumpyMLP, host_view
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
-"""The statistics a step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
+"""The statistics a PPO step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
+DQN_STAT_NAMES = ("loss", "q_values", "nonfinite")
+"""The 0-d statistics a DQN step returns (``dqn.DQNTrainer.loss``'s, and the non-finite flag)."""
 
 
 @dataclass
@@ -143,6 +146,31 @@ def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, o
     return scalars, grad_logits, grad_value
 
 
+class FlatGradients:
+    """The learner's flat gradient buffer as a NumPy view: clipping and the non-finite check."""
+
+    def __init__(self, flat_grad: torch.Tensor, networks: Sequence[HostMLP], max_grad_norm: float | None) -> None:
+        self.flat = host_view(flat_grad)
+        for layer in (layer for network in networks for layer in network.layers):
+            for grad in (layer.weight_grad, layer.bias_grad):
+                if not np.shares_memory(grad, self.flat):
+                    raise ValueError("numpy_update needs every gradient in the learner's flat buffer")
+        self.max_grad_norm = max_grad_norm
+
+    def clip(self, loss: np.floating) -> tuple[np.float32, np.float32]:
+        """Clip to ``max_grad_norm`` (``Learner._clip_scale``); (norm before, non-finite flag 0/1)."""
+        flat = self.flat
+        grad_norm = np.sqrt(flat @ flat)
+        if self.max_grad_norm is not None:
+            flat *= np.minimum(self.max_grad_norm / (grad_norm + np.float32(1e-6)), np.float32(1.0))
+        return grad_norm, np.float32(not (np.isfinite(loss) and np.isfinite(grad_norm)))
+
+
+def _as_tensors(*values: np.floating) -> list[torch.Tensor]:
+    """0-d float32 tensors of host scalars (one array, one conversion)."""
+    return list(torch.from_numpy(np.array(values, dtype=np.float32)).unbind())
+
+
 class HostPPOStep:
     """One PPO minibatch's loss, every gradient and their clipping, in NumPy (``numpy_update``).
 
@@ -153,18 +181,13 @@ class HostPPOStep:
     def __init__(self, actor: MLP, critic: MLP, flat_grad: torch.Tensor, max_grad_norm: float | None,
                  clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool) -> None:
         self.actor, self.critic = HostMLP(actor), HostMLP(critic)
-        self.flat_grad = host_view(flat_grad)
-        for layer in self.actor.layers + self.critic.layers:  # every gradient must be a view of the flat buffer
-            for grad in (layer.weight_grad, layer.bias_grad):
-                if not np.shares_memory(grad, self.flat_grad):
-                    raise ValueError("numpy_update needs every gradient in the learner's flat buffer")
-        self.max_grad_norm = max_grad_norm
+        self.grads = FlatGradients(flat_grad, (self.actor, self.critic), max_grad_norm)
         self.coefs = (np.float32(clip_coef), clip_vloss, np.float32(ent_coef), np.float32(vf_coef), norm_adv)
 
     def __call__(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
                  returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        obs_h = obs.numpy()
+        obs_h = np.ascontiguousarray(obs.numpy())  # a column view of the packed minibatch
         logits, actor_inputs = self.actor.forward(obs_h)
         value, critic_inputs = self.critic.forward(obs_h)
         scalars, grad_logits, grad_value = ppo_loss_grads(
@@ -172,11 +195,51 @@ class HostPPOStep:
             old_value.numpy(), mask.numpy(), *self.coefs)
         self.actor.backward(actor_inputs, grad_logits)
         self.critic.backward(critic_inputs, grad_value[:, None])
-        flat = self.flat_grad
-        grad_norm = np.sqrt(flat @ flat)
-        if self.max_grad_norm is not None:  # Learner._clip_scale
-            flat *= np.minimum(self.max_grad_norm / (grad_norm + np.float32(1e-6)), np.float32(1.0))
-        nonfinite = np.float32(not (np.isfinite(scalars[0]) and np.isfinite(grad_norm)))
-        out = torch.from_numpy(np.append(scalars, (nonfinite, grad_norm)).astype(np.float32, copy=False))
-        loss, *stats, norm = out.unbind()
+        grad_norm, nonfinite = self.grads.clip(scalars[0])
+        loss, *stats, norm = _as_tensors(*scalars, nonfinite, grad_norm)
         return loss, dict(zip(STAT_NAMES, stats)), norm
+
+
+class HostDQNStep:
+    """One DQN minibatch's Huber TD loss, the Q-network's gradients and their clipping, in NumPy
+    (``numpy_update``; ``dqn.DQNTrainer.analytic_loss``'s maths). The target network (and, with
+    double Q-learning, the online one) evaluates the next observations through views of its
+    weights. Returns what ``HostPPOStep`` does; ``priority`` is the per-sample |TD error|."""
+
+    def __init__(self, online: MLP, target: MLP, flat_grad: torch.Tensor, max_grad_norm: float | None,
+                 double_q: bool) -> None:
+        self.online, self.target = HostMLP(online), NumpyMLP.of(target)
+        self.online_next = NumpyMLP.of(online) if double_q else None
+        self.grads = FlatGradients(flat_grad, (self.online,), max_grad_norm)
+
+    def __call__(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                 bootstrap: torch.Tensor, weights: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        next_obs_h = next_obs.numpy()
+        next_q = self.target(next_obs_h)
+        rows = np.arange(next_q.shape[0])
+        if self.online_next is None:
+            next_value = next_q.max(axis=1)
+        else:  # double Q-learning: the online network picks, the target network values
+            next_value = next_q[rows, self.online_next(next_obs_h).argmax(axis=1)]
+        targets = rewards.numpy() + bootstrap.numpy() * next_value
+        q, inputs = self.online.forward(np.ascontiguousarray(obs.numpy()))
+        taken = actions.numpy()
+        error = q[rows, taken] - targets
+        size = np.abs(error)
+        per_sample = np.where(size < 1.0, 0.5 * error * error, size - 0.5)  # smooth L1, beta 1
+        slope = np.clip(error, -1.0, 1.0) / np.float32(len(error))
+        if weights is None:
+            loss = per_sample.mean()
+        else:
+            weights_h = weights.numpy()
+            loss = (weights_h * per_sample).mean()
+            slope *= weights_h
+        grad_q = np.zeros_like(q)
+        grad_q[rows, taken] = slope
+        self.online.backward(inputs, grad_q)
+        grad_norm, nonfinite = self.grads.clip(loss)
+        loss_t, q_mean, nonfinite_t, norm = _as_tensors(loss, (q[rows, taken]).mean(), nonfinite, grad_norm)
+        stats = dict(zip(DQN_STAT_NAMES, (loss_t, q_mean, nonfinite_t)))
+        stats["priority"] = torch.from_numpy(size)
+        return loss_t, stats, norm

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -152,6 +152,8 @@ class ValueTrainer(Checkpointable):
         self.analytic_step = (hand_written_step(self.analytic_grads_at if self.gathers_in_step else self.analytic_grads,
                                                 cpp_wrapper=bool(o.compile_cpp_wrapper))
                               if o.analytic_grads and o.compile_train_step else None)
+        if o.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
+            self.learner.loss = self.host_step()
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
@@ -210,6 +212,10 @@ class ValueTrainer(Checkpointable):
         clipped by ``Learner.clipped``, their norm)."""
         raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
                           "accepted: false or auto")
+
+    def host_step(self) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]]:
+        """``numpy_update``: ``analytic_loss`` as a NumPy step (DQN defines it)."""
+        raise ConfigError(f"optimizations.numpy_update: algo {self.algo!r} has no NumPy step; accepted: false or auto")
 
     def analytic_grads_at(self, indices: torch.Tensor, weights: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
