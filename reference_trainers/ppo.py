@@ -244,6 +244,21 @@ class PPOLossCoefs:
     norm_adv: bool
 
 
+def _host_packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[np.ndarray, ...]]:
+    """``packed_gather`` for ``numpy_update``: the batch packed column-wise into one float32 NumPy
+    array (observations flattened), so that a minibatch is one ``take`` and column views; the
+    rows are the ones the same indices select from the torch batch."""
+    rows = batch[0].shape[0]
+    columns = [x.reshape(rows, -1).float().numpy() for x in batch]
+    packed = np.concatenate(columns, axis=1)
+    obs_width = columns[0].shape[1]
+
+    def gather(idx: torch.Tensor) -> tuple[np.ndarray, ...]:
+        minibatch = packed.take(idx.numpy(), axis=0)
+        return (minibatch[:, :obs_width], *(minibatch[:, obs_width + i] for i in range(len(columns) - 1)))
+    return gather
+
+
 # --------------------------------------------------------------------------- trainer
 
 class PPOTrainer(Checkpointable):
@@ -614,7 +629,10 @@ class PPOTrainer(Checkpointable):
                      advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
             size = batch[0].shape[0]
             minibatch = size // c.ppo.num_minibatches
-            gather = self._packed_gather(batch) if self.packed else (lambda idx: tuple(x[idx] for x in batch))
+            if self.packed:  # with numpy_update, packed into a NumPy array the NumPy step reads views of
+                gather = _host_packed_gather(batch) if self.numpy_update else self._packed_gather(batch)
+            else:
+                gather = lambda idx: tuple(x[idx] for x in batch)  # noqa: E731
             steps = 0
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(size, generator=self.generator, device=self.device)

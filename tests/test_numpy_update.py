@@ -23,7 +23,7 @@ from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.learner import flat_gradients
 from reference_trainers.common.networks import mlp
 from reference_trainers.common.resolve import resolve_config
-from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, ppo_loss_grads
+from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, _host_packed_gather, ppo_loss_grads
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 ON = ["optimizations.analytic_grads=true", "optimizations.numpy_update=true"]
@@ -101,6 +101,26 @@ def test_numpy_update_trains_like_the_torch_hand_written_step(extra: list[str]) 
     assert fast_stats.keys() == plain_stats.keys()
     for name in plain_stats:
         assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Acrobot-v1"])
+def test_the_host_packed_gather_selects_the_rows_the_torch_one_does(env: str) -> None:
+    """Bit for bit: the NumPy step's minibatch columns are the torch packed gather's rows."""
+    t = PPOTrainer(build_config({}, TINY + ON + [f"env.id={env}"]))
+    try:
+        t.collect()
+        rows = t.obs_buf.shape[0] * t.obs_buf.shape[1]
+        batch = (t.obs_buf.flatten(0, 1), t.actions_buf.flatten(0, 1), t.logprobs_buf.flatten(),
+                 torch.randn(rows), torch.randn(rows), t.values_buf.flatten(), t.valid_buf.flatten())
+        idx = torch.randperm(rows)[: rows // 2]
+        host = _host_packed_gather(batch)(idx)
+        expected = PPOTrainer._packed_gather(batch)(idx)
+        assert len(host) == len(expected)
+        for got, want in zip(host, expected):
+            assert isinstance(got, np.ndarray) and got.dtype == np.float32
+            assert torch.equal(torch.from_numpy(np.ascontiguousarray(got)), want.float())
+    finally:
+        t.close()
 
 
 def test_numpy_update_clips_the_flat_gradients_and_reports_the_norm_before() -> None:

@@ -166,6 +166,11 @@ class FlatGradients:
         return grad_norm, np.float32(not (np.isfinite(loss) and np.isfinite(grad_norm)))
 
 
+def _host(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A NumPy view of a CPU tensor (an array as it is)."""
+    return x if isinstance(x, np.ndarray) else x.numpy()
+
+
 def _as_tensors(*values: np.floating) -> list[torch.Tensor]:
     """0-d float32 tensors of host scalars (one array, one conversion)."""
     return list(torch.from_numpy(np.array(values, dtype=np.float32)).unbind())
@@ -184,15 +189,14 @@ class HostPPOStep:
         self.grads = FlatGradients(flat_grad, (self.actor, self.critic), max_grad_norm)
         self.coefs = (np.float32(clip_coef), clip_vloss, np.float32(ent_coef), np.float32(vf_coef), norm_adv)
 
-    def __call__(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
-                 returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor
+    def __call__(self, obs: torch.Tensor | np.ndarray, *rest: torch.Tensor | np.ndarray
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        obs_h = np.ascontiguousarray(obs.numpy())  # a column view of the packed minibatch
+        """``obs``, then actions, old log-probabilities, advantages, returns, old values and the
+        mask: CPU tensors, or NumPy arrays (``ppo._host_packed_gather``'s column views)."""
+        obs_h = np.ascontiguousarray(_host(obs).reshape(len(obs), -1))  # a column view of the packed minibatch
         logits, actor_inputs = self.actor.forward(obs_h)
         value, critic_inputs = self.critic.forward(obs_h)
-        scalars, grad_logits, grad_value = ppo_loss_grads(
-            logits, value[:, 0], actions.numpy(), old_logprob.numpy(), advantages.numpy(), returns.numpy(),
-            old_value.numpy(), mask.numpy(), *self.coefs)
+        scalars, grad_logits, grad_value = ppo_loss_grads(logits, value[:, 0], *(_host(x) for x in rest), *self.coefs)
         self.actor.backward(actor_inputs, grad_logits)
         self.critic.backward(critic_inputs, grad_value[:, None])
         grad_norm, nonfinite = self.grads.clip(scalars[0])
