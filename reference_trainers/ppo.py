@@ -317,6 +317,9 @@ class PPOTrainer(Checkpointable):
             self.analytic_step = hand_written_step(self._analytic_grads, cpp_wrapper=bool(o.compile_cpp_wrapper))
         self.aten_tanh_from = analytic.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
         self.numpy_acting = bool(o.numpy_acting)
+        self.block_noise = bool(o.block_noise)  # the rollout's sampling uniforms drawn in one call as it starts
+        self.noise_block: np.ndarray | None = None
+        self.noise_row = 0
         self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
                     else self._act_per_env)
         self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
@@ -387,6 +390,16 @@ class PPOTrainer(Checkpointable):
         """This step's sampling noise for every sub-env (see ``action_noise``)."""
         shape = () if self.discrete else tuple(self.model.log_std.shape)
         return action_noise(self.num_envs, self.discrete, shape, self.generator, self.device)
+
+    def _host_noise(self) -> np.ndarray:
+        """``numpy_acting``: this step's sampling noise as a NumPy row. Plain: one torch call per step.
+        ``block_noise``: the next row of the block ``collect`` drew as the rollout started (on the
+        CPU one call for (steps, envs) gives the same numbers, in order, as one call per step)."""
+        block = self.noise_block
+        if block is not None and self.noise_row < len(block):
+            self.noise_row += 1
+            return block[self.noise_row - 1]
+        return self._action_noise().numpy()
 
     def _stackable(self) -> bool:
         """Whether acting can run through a stacked snapshot (``stacked_mlps``): an MLP actor and
@@ -472,7 +485,7 @@ class PPOTrainer(Checkpointable):
         noise, for all sub-envs at once or per sub-env / chunk as ``batch_inference`` says; every
         output stays on the host."""
         with self.probe.phase("inference"):
-            noise = self._action_noise().numpy()
+            noise = self._host_noise()
             obs = obs.reshape(self.num_envs, *self.obs_shape)
             actor_out, value = self._numpy_forward(obs)
             if self.discrete:
@@ -494,7 +507,13 @@ class PPOTrainer(Checkpointable):
     def collect(self) -> tuple[int, int]:
         """Fill the rollout storage; returns (env frames, agent steps)."""
         self._drop_snapshots()  # acting snapshots are taken afresh from the weights this rollout acts with
-        return self._collect_lean() if self.lean else self._collect_plain()
+        if self.block_noise:  # every acting draw of this rollout, in the order its steps take them
+            self.noise_block = torch.rand((self.config.ppo.num_steps, self.num_envs), generator=self.generator).numpy()
+            self.noise_row = 0
+        try:
+            return self._collect_lean() if self.lean else self._collect_plain()
+        finally:
+            self.noise_block = None  # acting outside a rollout draws as it goes
 
     def _collect_plain(self) -> tuple[int, int]:
         """Plain path: every step's tensors cross to the device and are written to storage as they come."""

@@ -118,6 +118,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.numpy_acting = bool(o.numpy_acting)", "self.numpy_acting = False"),
     Mutant("ppo-analytic-grads-ignored", _o("analytic_grads"), "reference_trainers/ppo.py",
            "self.analytic = bool(o.analytic_grads)", "self.analytic = False"),
+    Mutant("ppo-block-noise-ignored", _o("block_noise"), "reference_trainers/ppo.py",
+           "        if self.block_noise:  # every acting draw", "        if False:  # every acting draw"),
     Mutant("ppo-numpy-update-ignored", _o("numpy_update"), "reference_trainers/ppo.py",
            "self.numpy_update = bool(o.numpy_update)", "self.numpy_update = False"),
     Mutant("numpy-update-population-std", _o("numpy_update"), "reference_trainers/common/numpy_update.py",

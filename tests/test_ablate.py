@@ -20,7 +20,7 @@ from results_factory import make_result
 CPU = ["device=cpu"]
 CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "foreach_grad_clip", "direct_adam_step", "sync_free_logging",
              "torch_threads", "lean_rollout", "stacked_mlps", "fused_gae", "packed_gather", "numpy_acting",
-             "analytic_grads", "numpy_update"}
+             "analytic_grads", "numpy_update", "block_noise"}
 
 
 

@@ -97,6 +97,24 @@ def test_numpy_acting_acts_through_numpy_instead_of_torch_forwards(monkeypatch: 
         assert not numpy_calls and len(rows) == STEPS * ENVS + 1
 
 
+@pytest.mark.flag_effect("optimizations.block_noise")
+@pytest.mark.parametrize("on", [False, True])
+def test_block_noise_draws_the_rollouts_sampling_noise_in_one_call(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    """numpy_acting's sampling uniforms. On: the whole rollout's in one ``torch.rand`` call as it
+    starts; off: one call per vector step. Either way the same numbers reach the same steps."""
+    draws = spy(monkeypatch, torch, "rand", lambda *args, generator=None, **_: (args, generator))
+    with running("ppo", "optimizations.numpy_acting=true", f"optimizations.block_noise={str(on).lower()}") as trainer:
+        trainer.collect()
+        shapes = [tuple(args[0]) if isinstance(args[0], tuple) else args for args, g in draws
+                  if g is trainer.generator]
+        actions = trainer.actions_buf.clone()
+        assert trainer.noise_block is None  # acting outside a rollout draws as it goes
+    assert shapes == ([(STEPS, ENVS)] if on else [(ENVS,)] * STEPS)
+    with running("ppo", "optimizations.numpy_acting=true", f"optimizations.block_noise={str(not on).lower()}") as other:
+        other.collect()
+        assert torch.equal(other.actions_buf, actions)  # bit for bit: the same draws, in the same order
+
+
 # --------------------------------------------------------------------------- rollout and update paths
 
 @pytest.mark.flag_effect("optimizations.lean_rollout")

@@ -338,7 +338,12 @@ def _stacked_blockers(ctx: Context) -> list[tuple[bool, str]]:
 
 
 def _block_noise_blockers(ctx: Context) -> list[tuple[bool, str]]:
-    return [(not ctx.o.numpy_acting, "it draws the NumPy acting path's noise: needs numpy_acting")]
+    import gymnasium as gym
+
+    return [(not ctx.o.numpy_acting, "it draws the NumPy acting path's noise: needs numpy_acting"),
+            (ctx.algo == "ppo" and not isinstance(ctx.action_space, gym.spaces.Discrete),
+             f"{ctx.config.env.id!r} has continuous actions: one call for a block of normal draws gives other "
+             "numbers than one call per step")]
 
 
 def _aten_tanh_blockers(ctx: Context) -> list[tuple[bool, str]]:
@@ -435,10 +440,13 @@ FLAGS: tuple[Flag, ...] = (
          advice="numpy_acting=true (the acting forward in NumPy over the same weights)"),
     Flag(_o("block_noise"), BoolOrAuto, False, (True,), "auto", EXACT,
          "one call for a block of draws gives the same numbers as one call per step on the CPU",
-         "epsilon-greedy draws taken with two torch calls per step.",
-         "the draws of `tuning.noise_block_steps` steps taken in one call each, used row by row.",
-         "value_based.HostNoise", "inference", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
-         blockers=_block_noise_blockers, auto=_always("two torch calls per step cost more than the draws")),
+         "the acting draws taken with torch calls every step (DQN: epsilon-greedy, two; PPO: the sampling "
+         "uniforms, one).",
+         "the draws of a block of steps taken in one call each, used row by row (DQN: "
+         "`tuning.noise_block_steps` steps; PPO: the rollout's, drawn as it starts).",
+         "value_based.HostNoise / ppo.PPOTrainer._host_noise", "inference", algos=("ppo", "dqn"), devices=("cpu",),
+         bodies=("mlp",), blockers=_block_noise_blockers,
+         auto=_always("a torch call per step costs more than the draws")),
     Flag(_o("compile_train_step"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "inductor reassociates float ops",
          "the eager train step.", "the train step compiled (`torch.compile`), eager fallback on failure.",
          "speedups.CompiledOrEager", "update", auto=_compile_step_auto,
