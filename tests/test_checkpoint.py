@@ -62,6 +62,9 @@ CASES = [
     ("dqn", "optimizations.replay=tensor", "optimizations.replay_direct_write=true", "optimizations.optimizer_impl=fused",
      "optimizations.direct_adam_step=true"),
     ("dqn", "optimizations.replay=tensor", "dqn.buffer_size=40"),  # a full ring when the checkpoint is taken
+    ("dqn", "optimizations.analytic_grads=true", "optimizations.numpy_update=true", "dqn.double_q=true"),
+    ("ppo", "optimizations.numpy_acting=true", "optimizations.block_noise=true", "optimizations.lean_rollout=true",
+     "optimizations.analytic_grads=true", "optimizations.numpy_update=true", "optimizations.packed_gather=true"),
     ("iqn",),
     ("iqn", "optimizations.replay=tensor", "iqn.prioritized_replay=true", "env.id=Acrobot-v1"),
     ("ppo", "model.recurrent=lstm", "model.recurrent_size=8", "env.id=CartPoleNoVel-v1"),
