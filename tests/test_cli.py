@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -27,6 +28,7 @@ from precision_state import float32_matmul_precision
 from harness import machine_state
 from harness.cli import main
 from reference_trainers.common import device as dev
+from reference_trainers.common import numpy_update
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESET_DIR = REPO_ROOT / "harness" / "presets"
@@ -386,6 +388,14 @@ def _nan_loss(monkeypatch: pytest.MonkeyPatch, poisoned: Any = lambda: True) -> 
         return loss * nan, stats, grad_logits * nan, grad_values * nan
 
     monkeypatch.setattr(ppo_module, "ppo_loss_grads", nan_loss_grads)
+    original_host = numpy_update.ppo_loss_grads
+
+    def nan_host_loss_grads(*args: Any, **kwargs: Any) -> Any:  # the numpy_update path's loss
+        scalars, grad_logits, grad_values = original_host(*args, **kwargs)
+        nan = np.float32("nan") if poisoned() else np.float32(1.0)
+        return scalars * nan, grad_logits * nan, grad_values * nan
+
+    monkeypatch.setattr(numpy_update, "ppo_loss_grads", nan_host_loss_grads)
 
 
 ROUND_TWO = 9

@@ -248,6 +248,9 @@ def _compile_step_auto(ctx: Context) -> tuple[Any, str]:
         return value, "DDP all-reduces inside backward, which a compiled step would break"
     if iqn_on_cuda:
         return value, "IQN's compiled update drifts from the eager one on CUDA"
+    if ctx.on_cpu and o.numpy_update:
+        return False, ("numpy_update runs the hand-written step in NumPy: on the CPU within a few percent of the "
+                       "compiled step's rate or faster, with no compile time")
     if ctx.on_cpu and o.analytic_grads:
         budget, pays_from = step_budget(c), c.tuning.compile_break_even_env_steps
         if budget >= pays_from:
@@ -354,7 +357,7 @@ def _aten_tanh_blockers(ctx: Context) -> list[tuple[bool, str]]:
 def _numpy_update_blockers(ctx: Context) -> list[tuple[bool, str]]:
     o = ctx.o
     return [(not o.analytic_grads, "it runs the hand-written step in NumPy: needs analytic_grads"),
-            (bool(o.compile_train_step), "compile_train_step compiles the torch hand-written step instead"),
+            (o.compile_train_step is True, "compile_train_step compiles the torch hand-written step instead"),
             (o.matmul_precision != "highest", f"matmul_precision {o.matmul_precision!r}: NumPy multiplies in float32")]
 
 
@@ -447,6 +450,16 @@ FLAGS: tuple[Flag, ...] = (
          "value_based.HostNoise / ppo.PPOTrainer._host_noise", "inference", algos=("ppo", "dqn"), devices=("cpu",),
          bodies=("mlp",), blockers=_block_noise_blockers,
          auto=_always("a torch call per step costs more than the draws")),
+    Flag(_o("numpy_update"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
+         "NumPy's float32 kernels sum and round in another order than torch's",
+         "the hand-written step's forward, loss gradients, backward and clipping as torch ops.",
+         "the same step as NumPy calls over zero-copy views of the weights and the flat gradient buffer "
+         "(the fused Adam step stays torch's).",
+         "numpy_update.HostPPOStep / numpy_update.HostDQNStep", "update", algos=("ppo", "dqn"), devices=("cpu",),
+         bodies=("mlp",),
+         blockers=_numpy_update_blockers,
+         auto=_always("torch's per-op dispatch (and its CPU tanh) costs more than NumPy's calls on a small minibatch"),
+         advice="numpy_update=true (the hand-written update in NumPy)"),
     Flag(_o("compile_train_step"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "inductor reassociates float ops",
          "the eager train step.", "the train step compiled (`torch.compile`), eager fallback on failure.",
          "speedups.CompiledOrEager", "update", auto=_compile_step_auto,
@@ -468,16 +481,6 @@ FLAGS: tuple[Flag, ...] = (
          "the compiled step takes the drawn indices and gathers its minibatch itself: one call per update.",
          "value_based.ValueTrainer.analytic_grads_at", "update", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
          blockers=_gather_in_step_blockers, auto=_always("one compiled call per update instead of a gather beside it")),
-    Flag(_o("numpy_update"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
-         "NumPy's float32 kernels sum and round in another order than torch's",
-         "the hand-written step's forward, loss gradients, backward and clipping as torch ops.",
-         "the same step as NumPy calls over zero-copy views of the weights and the flat gradient buffer "
-         "(the fused Adam step stays torch's).",
-         "numpy_update.HostPPOStep / numpy_update.HostDQNStep", "update", algos=("ppo", "dqn"), devices=("cpu",),
-         bodies=("mlp",),
-         blockers=_numpy_update_blockers,
-         auto=_always("torch's per-op dispatch (and its CPU tanh) costs more than NumPy's calls on a small minibatch"),
-         advice="numpy_update=true (the hand-written update in NumPy)"),
     Flag(_o("optimizer_impl"), Literal["forloop", "foreach", "fused", "auto"], "forloop", ("foreach", "fused"), "auto",
          FP_REORDER, "multi-tensor and fused kernels reassociate the Adam update",
          "Adam's per-tensor Python loop.", "multi-tensor (`foreach`) or one fused kernel (`fused`) per group.",
