@@ -112,8 +112,9 @@ def _update_advice(f: Facts) -> str:
         tips.append(_tip("optimizer_impl"))
     if _mlp_policy(f) and not f.opt.get("analytic_grads"):
         tips.append(_tip("analytic_grads"))
-    elif f.opt.get("analytic_grads") and not f.opt.get("compile_train_step"):
-        tips.append("compile_train_step=true for long runs (the hand-written step compiled: seconds of warm-up)")
+    elif f.opt.get("analytic_grads") and not f.opt.get("numpy_update") and not f.opt.get("compile_train_step"):
+        tips.append(_tip("numpy_update") + ", or compile_train_step=true for long runs (the hand-written step "
+                    "compiled: seconds of warm-up)")
     tips.append("fewer, larger minibatches (ppo.num_minibatches) if the algorithm allows")
     return text + "; ".join(tips)
 

@@ -64,9 +64,11 @@ def test_cpu_update_advice_points_to_the_hand_written_step() -> None:
     assert "analytic_grads=true" in plain
     assert "analytic_grads" not in advise(facts(update=80.0, algo="iqn"))[0]["advice"]
     analytic = advise(facts(update=80.0, analytic_grads=True))[0]["advice"]
-    assert "compile_train_step=true" in analytic and "analytic_grads=true" not in analytic
-    done = advise(facts(update=80.0, analytic_grads=True, compile_train_step=True))[0]["advice"]
-    assert "compile_train_step" not in done
+    assert "numpy_update=true" in analytic and "compile_train_step=true" in analytic
+    assert "analytic_grads=true" not in analytic
+    for done in (advise(facts(update=80.0, analytic_grads=True, compile_train_step=True))[0]["advice"],
+                 advise(facts(update=80.0, analytic_grads=True, numpy_update=True))[0]["advice"]):
+        assert "compile_train_step" not in done and "numpy_update" not in done
 
 
 def test_torch_acting_on_the_cpu_suggests_numpy_acting() -> None:

@@ -108,8 +108,10 @@ def _two(overrides: list[str], second: list[str]) -> list:
 
 
 def test_cpu_seconds_follow_the_work_not_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A neighbour stretches wall time but not this process's CPU time: sleeping inside the timed loop
-    halves env steps/s while CPU seconds per 1k env steps stay put (a busy-wait raises both)."""
+    """A neighbour stretches wall time but not this process's CPU time: sleeping three times each
+    iteration's length inside the timed loop cuts env steps/s to about a quarter (the harness's own
+    per-iteration work is not stretched, so less on a fast trainer) while CPU seconds per 1k env
+    steps stay put (a busy-wait raises both)."""
     real_warm_up = runner._warm_up
 
     def warm_up_then_sleep(live, progress, run) -> None:  # noqa: ANN001
@@ -121,7 +123,7 @@ def test_cpu_seconds_follow_the_work_not_the_wall_clock(monkeypatch: pytest.Monk
         def iterate():  # noqa: ANN202
             start = time.perf_counter()
             done = inner()
-            time.sleep(time.perf_counter() - start)
+            time.sleep(3 * (time.perf_counter() - start))
             return done
         live.trainer.iterate = iterate
 
