@@ -88,6 +88,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.act = self._act_numpy if o.numpy_acting else", "self.act = self._act_numpy if False else"),
     Mutant("dqn-numpy-update-ignored", _o("numpy_update"), "reference_trainers/common/value_based.py",
            "        if o.numpy_update:  # the hand-written step", "        if False:  # the hand-written step"),
+    Mutant("dqn-host-gather-ignored", _o("numpy_update"), "reference_trainers/common/value_based.py",
+           "self.host_minibatches = bool(o.numpy_update)", "self.host_minibatches = False"),
     Mutant("numpy-dqn-huber-unclipped", _o("numpy_update"), "reference_trainers/common/numpy_update.py",
            "slope = np.clip(error, -1.0, 1.0) / np.float32(len(error))", "slope = error / np.float32(len(error))",
            tests=("tests/test_numpy_update.py",)),

@@ -99,13 +99,16 @@ def test_numpy_update_runs_the_dqn_step_in_numpy(monkeypatch: pytest.MonkeyPatch
     no torch backward, the Q-network's gradients still in its ``.grad`` and its weights trained."""
     host_steps = spy(monkeypatch, numpy_update.HostDQNStep, "__call__")
     by_hand = spy(monkeypatch, analytic, "mlp_backward")
-    with running("dqn", "optimizations.analytic_grads=true", f"optimizations.numpy_update={str(on).lower()}") as t:
+    host_gathers = spy(monkeypatch, buffers.ReplayBuffer, "host_gather")
+    with running("dqn", "optimizations.analytic_grads=true", "optimizations.replay=tensor",
+                 f"optimizations.numpy_update={str(on).lower()}") as t:
         before = [p.detach().clone() for p in t.model.parameters()]
         updates = t.iterate().updates
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in t.model.parameters())
         assert all(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
     assert updates > 0
     assert (len(host_steps), len(by_hand)) == ((updates, 0) if on else (0, updates))
+    assert len(host_gathers) == (updates if on else 0)  # minibatches as NumPy arrays from the replay's host view
 
 
 ADAM = importlib.import_module("torch.optim.adam")

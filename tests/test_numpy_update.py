@@ -143,7 +143,9 @@ def test_numpy_update_clips_the_flat_gradients_and_reports_the_norm_before() -> 
 
 
 @pytest.mark.parametrize("extra", [[], ["dqn.double_q=true"], ["dqn.prioritized_replay=true"], ["dqn.n_step=3"],
-                                   ["model.activation=tanh"], ["stability.max_grad_norm=1e-3"]])
+                                   ["model.activation=tanh"], ["stability.max_grad_norm=1e-3"],
+                                   ["optimizations.replay=tensor"],
+                                   ["optimizations.replay=tensor", "dqn.prioritized_replay=true", "dqn.double_q=true"]])
 def test_numpy_update_trains_dqn_like_the_torch_hand_written_step(extra: list[str]) -> None:
     results = []
     for flags in (OFF, ON):
@@ -164,6 +166,26 @@ def test_numpy_update_trains_dqn_like_the_torch_hand_written_step(extra: list[st
         assert fast_stats[name] == pytest.approx(plain_stats[name], rel=1e-4, abs=1e-6), name
     if plain_priorities is not None:  # PER: the per-sample |TD error| the NumPy step hands back
         torch.testing.assert_close(fast_priorities, plain_priorities, **FP_REORDER)
+
+
+@pytest.mark.parametrize("replay", ["list", "tensor"])
+def test_host_gather_hands_the_dqn_step_the_rows_the_torch_gather_does(replay: str) -> None:
+    """Tensor replay in host memory: NumPy arrays, bit for bit the torch gather's rows; list
+    replay has no host view and gathers as before."""
+    t = make("dqn", *ON, f"optimizations.replay={replay}", "dqn.prioritized_replay=true")
+    try:
+        while not t.updates:
+            t.iterate()
+        indices, weights = t.replay.draw(t.hp.batch_size, t._beta())
+        host, expected = t.replay.host_gather(indices, weights), t.replay.gather(indices, weights)
+        for name, got, want in zip(host._fields, host, expected):
+            if replay == "tensor" and name != "indices":
+                assert isinstance(got, np.ndarray), name
+                assert torch.equal(torch.from_numpy(np.ascontiguousarray(got)), want), name
+            else:
+                assert isinstance(got, torch.Tensor) and torch.equal(got, want), name
+    finally:
+        t.close()
 
 
 def test_numpy_dqn_step_reports_a_non_finite_loss() -> None:

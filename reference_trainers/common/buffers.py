@@ -120,6 +120,15 @@ class ReplayBuffer:
         while no insert runs)."""
         return Sample(*self.storage.gather(indices), weights, indices)
 
+    def host_gather(self, indices: torch.Tensor, weights: torch.Tensor | None) -> Sample:
+        """``gather`` with NumPy arrays for the fields, from a storage in host memory that has a
+        ``host_gather`` (``numpy_update``); else ``gather``."""
+        host = getattr(self.storage, "host_gather", None)
+        fields = host(indices) if host is not None else None
+        if fields is None:
+            return self.gather(indices, weights)
+        return Sample(*fields, None if weights is None else weights.numpy(), indices)
+
     def update_priorities(self, indices: torch.Tensor, errors: torch.Tensor) -> None:
         self.sampler.update(indices, errors)
 

@@ -454,7 +454,7 @@ FLAGS: tuple[Flag, ...] = (
          "NumPy's float32 kernels sum and round in another order than torch's",
          "the hand-written step's forward, loss gradients, backward and clipping as torch ops.",
          "the same step as NumPy calls over zero-copy views of the weights and the flat gradient buffer "
-         "(the fused Adam step stays torch's).",
+         "(the fused Adam step stays torch's), its minibatches taken as NumPy arrays.",
          "numpy_update.HostPPOStep / numpy_update.HostDQNStep", "update", algos=("ppo", "dqn"), devices=("cpu",),
          bodies=("mlp",),
          blockers=_numpy_update_blockers,

@@ -216,19 +216,21 @@ class HostDQNStep:
         self.online_next = NumpyMLP.of(online) if double_q else None
         self.grads = FlatGradients(flat_grad, (self.online,), max_grad_norm)
 
-    def __call__(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                 bootstrap: torch.Tensor, weights: torch.Tensor | None = None
+    def __call__(self, obs: torch.Tensor | np.ndarray, actions: torch.Tensor | np.ndarray,
+                 rewards: torch.Tensor | np.ndarray, next_obs: torch.Tensor | np.ndarray,
+                 bootstrap: torch.Tensor | np.ndarray, weights: torch.Tensor | np.ndarray | None = None
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        next_obs_h = next_obs.numpy()
+        """A minibatch as CPU tensors, or NumPy arrays (``ReplayBuffer.host_gather``'s)."""
+        next_obs_h = _host(next_obs)
         next_q = self.target(next_obs_h)
         rows = np.arange(next_q.shape[0])
         if self.online_next is None:
             next_value = next_q.max(axis=1)
         else:  # double Q-learning: the online network picks, the target network values
             next_value = next_q[rows, self.online_next(next_obs_h).argmax(axis=1)]
-        targets = rewards.numpy() + bootstrap.numpy() * next_value
-        q, inputs = self.online.forward(np.ascontiguousarray(obs.numpy()))
-        taken = actions.numpy()
+        targets = _host(rewards) + _host(bootstrap) * next_value
+        q, inputs = self.online.forward(np.ascontiguousarray(_host(obs)))
+        taken = _host(actions)
         error = q[rows, taken] - targets
         size = np.abs(error)
         per_sample = np.where(size < 1.0, 0.5 * error * error, size - 0.5)  # smooth L1, beta 1
@@ -236,7 +238,7 @@ class HostDQNStep:
         if weights is None:
             loss = per_sample.mean()
         else:
-            weights_h = weights.numpy()
+            weights_h = _host(weights)
             loss = (weights_h * per_sample).mean()
             slope *= weights_h
         grad_q = np.zeros_like(q)

@@ -138,6 +138,14 @@ class TensorStorage:
         rows, d = self.rows.index_select(0, indices), self.obs_dim
         return (rows[:, :d], rows[:, 2 * d + 2].long(), rows[:, 2 * d], rows[:, d:2 * d], rows[:, 2 * d + 1])
 
+    def host_gather(self, indices: torch.Tensor) -> tuple[np.ndarray, ...] | None:
+        """``gather`` as NumPy arrays, one ``take`` from the rows' host view (``numpy_update``'s
+        minibatches); None where the rows are not host memory."""
+        if self.host_rows is None:
+            return None
+        rows, d = self.host_rows.take(indices.numpy(), axis=0), self.obs_dim
+        return (rows[:, :d], rows[:, 2 * d + 2].astype(np.int64), rows[:, 2 * d], rows[:, d:2 * d], rows[:, 2 * d + 1])
+
 
 class FrameStorage:
     """Optimised path for uint8 pixel observations: ``obs`` and ``next_obs`` in preallocated

@@ -152,6 +152,7 @@ class ValueTrainer(Checkpointable):
         self.analytic_step = (hand_written_step(self.analytic_grads_at if self.gathers_in_step else self.analytic_grads,
                                                 cpp_wrapper=bool(o.compile_cpp_wrapper))
                               if o.analytic_grads and o.compile_train_step else None)
+        self.host_minibatches = bool(o.numpy_update)  # gathered as NumPy arrays where the replay is host memory
         if o.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
             self.learner.loss = self.host_step()
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
@@ -378,7 +379,8 @@ class ValueTrainer(Checkpointable):
                     indices, weights = self.replay.draw(self.hp.batch_size, self._beta())
                 self._learn((indices,) if weights is None else (indices, weights), indices)
             return
-        samples = self.prefetcher.map(lambda drawn: self.replay.gather(*drawn), self._draws(count))
+        gather = self.replay.host_gather if self.host_minibatches else self.replay.gather
+        samples = self.prefetcher.map(lambda drawn: gather(*drawn), self._draws(count))
         while True:
             with self.probe.phase("transfer"):
                 sample = next(samples, None)
