@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from ppo_loss_inputs import LOSS_INPUTS, loss_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from value_trainers import assert_params_close, make
@@ -31,20 +32,10 @@ OFF = ["optimizations.analytic_grads=true", "optimizations.numpy_update=false"]
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 40), actions=st.integers(2, 6), seed=st.integers(0, 2**16), norm_adv=st.booleans(),
-       clip_vloss=st.booleans(), near_old=st.booleans(), masked=st.floats(0.0, 0.6))
-def test_numpy_ppo_loss_grads_match_the_torch_ones(rows: int, actions: int, seed: int, norm_adv: bool,
-                                                   clip_vloss: bool, near_old: bool, masked: float) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
-    logits, values = randn(rows, actions), randn(rows)
-    taken = torch.randint(actions, (rows,), generator=gen)
-    old_logprob = torch.log_softmax(logits, -1).gather(-1, taken[:, None]).squeeze(-1)
-    if not near_old:  # ratios away from 1, so both clipping branches are exercised
-        old_logprob = old_logprob + 0.5 * randn(rows)
-    old_value = values if near_old else values + 0.5 * randn(rows)  # near_old: ties in both max() calls
-    mask = (torch.rand(rows, generator=gen) >= masked).float()
-    batch = (taken.float(), old_logprob, randn(rows), randn(rows), old_value, mask)
+@given(**LOSS_INPUTS, norm_adv=st.booleans(), clip_vloss=st.booleans())
+def test_numpy_ppo_loss_grads_match_the_torch_ones(rows: int, actions: int, seed: int, near_old: bool, masked: float, norm_adv: bool,
+                                                   clip_vloss: bool) -> None:
+    logits, values, batch = loss_inputs(rows, actions, seed, near_old, masked)
     cfg = PPOLossCoefs(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=0.01, vf_coef=0.5, norm_adv=norm_adv)
     loss, stats, grad_logits, grad_values = ppo_loss_grads(logits, values, *batch, cfg)
     scalars, host_logits, host_values = numpy_update.ppo_loss_grads(
