@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 from conftest import TINY
+from flag_resolution import assert_auto_resolves, assert_refused
 from ppo_loss_inputs import LOSS_INPUTS, loss_inputs
 from value_trainers import assert_params_close
 from hypothesis import given, settings
@@ -20,10 +21,9 @@ from hypothesis import strategies as st
 from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
 from reference_trainers.common import analytic
-from reference_trainers.common.config import ConfigError, build_config
+from reference_trainers.common.config import build_config
 from reference_trainers.common.flags import TUNING
 from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.resolve import resolve_config
 from reference_trainers.common.speedups import FusedAdamStep
 from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, evaluate_actions, ppo_loss, ppo_loss_grads
 
@@ -238,10 +238,7 @@ def test_dqn_analytic_grads_train_like_autograd(monkeypatch: pytest.MonkeyPatch,
     (["algo=iqn"], "has no effect for algo 'iqn'"),
 ])
 def test_analytic_grads_true_is_rejected_where_it_cannot_run(overrides: list[str], message: str) -> None:
-    config = build_config({}, TINY + overrides + ["optimizations.analytic_grads=true"])
-    with pytest.raises(ConfigError, match="^optimizations.analytic_grads: true ") as info:
-        resolve_config(config)
-    assert message in str(info.value)
+    assert_refused("analytic_grads", overrides, message)
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -249,9 +246,7 @@ def test_analytic_grads_true_is_rejected_where_it_cannot_run(overrides: list[str
     (["algo=iqn"], False),
 ])
 def test_analytic_grads_auto_resolves_where_it_applies(overrides: list[str], expected: bool) -> None:
-    resolution = resolve_config(build_config({}, TINY + overrides + ["optimizations.analytic_grads=auto"]))
-    assert resolution.config.optimizations.analytic_grads is expected
-    assert "optimizations.analytic_grads" in resolution.reasons
+    assert_auto_resolves("analytic_grads", overrides, expected)
 
 
 def test_mlp_grads_are_the_gradients_mlp_backward_sets() -> None:

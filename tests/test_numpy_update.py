@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from flag_resolution import assert_auto_resolves, assert_refused
+from test_analytic import trained
 from ppo_loss_inputs import LOSS_INPUTS, loss_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,10 +22,9 @@ from value_trainers import assert_params_close, make
 from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
 from reference_trainers.common import analytic, numpy_update
-from reference_trainers.common.config import ConfigError, build_config
+from reference_trainers.common.config import build_config
 from reference_trainers.common.learner import flat_gradients
 from reference_trainers.common.networks import mlp
-from reference_trainers.common.resolve import resolve_config
 from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, _host_packed_gather, ppo_loss_grads
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
@@ -70,16 +71,6 @@ def test_host_mlp_forward_and_backward_match_the_torch_hand_written_ones(activat
 def test_host_mlp_needs_the_gradient_tensors_to_write_into() -> None:
     with pytest.raises(ValueError, match="existing gradient tensors"):
         numpy_update.HostMLP(mlp(3, [4], 2, "tanh", out_std=1.0))
-
-
-def trained(*overrides: str, iterations: int = 3) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    t = PPOTrainer(build_config({}, TINY + list(overrides)))
-    try:
-        for _ in range(iterations):
-            t.iterate()
-        return {k: p.detach().clone() for k, p in t.model.named_parameters()}, dict(t.last_stats)
-    finally:
-        t.close()
 
 
 @pytest.mark.parametrize("extra", [[], ["ppo.norm_adv=false", "ppo.clip_vloss=true"], ["env.id=Acrobot-v1"],
@@ -201,10 +192,7 @@ def test_numpy_dqn_step_reports_a_non_finite_loss() -> None:
     (["algo=iqn"], "has no effect for algo 'iqn'"),
 ])
 def test_numpy_update_true_is_rejected_where_it_cannot_run(overrides: list[str], message: str) -> None:
-    config = build_config({}, TINY + overrides + ["optimizations.numpy_update=true"])
-    with pytest.raises(ConfigError, match="^optimizations.numpy_update: true ") as info:
-        resolve_config(config)
-    assert message in str(info.value)
+    assert_refused("numpy_update", overrides, message)
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -212,6 +200,4 @@ def test_numpy_update_true_is_rejected_where_it_cannot_run(overrides: list[str],
     (["optimizations.analytic_grads=true", "optimizations.compile_train_step=true"], False),
 ])
 def test_numpy_update_auto_resolves_where_it_applies(overrides: list[str], expected: bool) -> None:
-    resolution = resolve_config(build_config({}, TINY + overrides + ["optimizations.numpy_update=auto"]))
-    assert resolution.config.optimizations.numpy_update is expected
-    assert "optimizations.numpy_update" in resolution.reasons
+    assert_auto_resolves("numpy_update", overrides, expected)

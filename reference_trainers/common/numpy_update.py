@@ -231,7 +231,8 @@ class HostDQNStep:
         targets = _host(rewards) + _host(bootstrap) * next_value
         q, inputs = self.online.forward(np.ascontiguousarray(_host(obs)))
         taken = _host(actions)
-        error = q[rows, taken] - targets
+        q_taken = q[rows, taken]
+        error = q_taken - targets
         size = np.abs(error)
         per_sample = np.where(size < 1.0, 0.5 * error * error, size - 0.5)  # smooth L1, beta 1
         slope = np.clip(error, -1.0, 1.0) / np.float32(len(error))
@@ -245,7 +246,7 @@ class HostDQNStep:
         grad_q[rows, taken] = slope
         self.online.backward(inputs, grad_q)
         grad_norm, nonfinite = self.grads.clip(loss)
-        loss_t, q_mean, nonfinite_t, norm = _as_tensors(loss, (q[rows, taken]).mean(), nonfinite, grad_norm)
+        loss_t, q_mean, nonfinite_t, norm = _as_tensors(loss, q_taken.mean(), nonfinite, grad_norm)
         stats = dict(zip(DQN_STAT_NAMES, (loss_t, q_mean, nonfinite_t)))
         stats["priority"] = torch.from_numpy(size)
         return loss_t, stats, norm
