@@ -77,16 +77,47 @@ class HostMLP:
         for index in range(len(self.layers) - 1, -1, -1):
             layer, layer_input = self.layers[index], inputs[index]
             np.matmul(grad_out.T, layer_input, out=layer.weight_grad)
-            np.sum(grad_out, axis=0, out=layer.bias_grad)
+            column_sums(grad_out, out=layer.bias_grad)
             if index == 0:
                 return
-            grad_out = grad_out @ layer.weight
+            grad_out = np.dot(grad_out, layer.weight)  # BLAS for a one-column gradient too (matmul is not)
             if layer.activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
                 slope = np.square(layer_input)
                 np.subtract(1.0, slope, out=slope)
                 grad_out *= slope
             else:  # relu: the gradient passes where the output is positive
                 grad_out *= layer_input > 0
+
+
+_ROW_LOOP_MAX = 16
+"""Up to this many columns, a row maximum is taken column by column."""
+
+
+def column_sums(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The sum of each column of ``a`` (rows, columns) as one matrix-vector product: NumPy's
+    reduction over the rows of a C-ordered array is several times slower."""
+    return np.matmul(np.ones(len(a), dtype=a.dtype), a, out=out)
+
+
+def row_sums(a: np.ndarray) -> np.ndarray:
+    """The sum of each row of ``a`` (rows, columns) as one matrix-vector product (a NumPy
+    reduction over a short last axis walks row by row)."""
+    return a @ np.ones(a.shape[-1], dtype=a.dtype)
+
+
+def row_max(a: np.ndarray) -> np.ndarray:
+    """The maximum of each row of ``a`` (rows, columns); column by column for a few columns."""
+    if a.shape[-1] > _ROW_LOOP_MAX:
+        return a.max(-1)
+    out = a[:, 0].copy()
+    for column in range(1, a.shape[-1]):
+        np.maximum(out, a[:, column], out=out)
+    return out
+
+
+def taken_index(actions: np.ndarray, columns: int) -> np.ndarray:
+    """Flat indices of each row's taken action in a C-ordered (rows, ``columns``) array."""
+    return np.arange(len(actions)) * columns + actions.astype(np.intp)
 
 
 def _max_share(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -105,12 +136,12 @@ def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, o
     if norm_adv:  # Bessel-corrected, as in ppo_loss
         centered = advantages - advantages @ weight
         advantages = centered / (np.sqrt((centered * centered) @ mask / max(count - 1, np.float32(1.0))) + 1e-8)
-    shifted = logits - logits.max(-1, keepdims=True)
+    shifted = logits - row_max(logits)[:, None]
     probs = np.exp(shifted)
-    log_probs = shifted - np.log(probs.sum(-1, keepdims=True))
+    log_probs = shifted - np.log(row_sums(probs))[:, None]
     np.exp(log_probs, out=probs)
-    rows, taken = np.arange(logits.shape[0]), actions.astype(np.intp)
-    log_ratio = log_probs[rows, taken] - old_logprob
+    taken = taken_index(actions, logits.shape[1])
+    log_ratio = log_probs.take(taken) - old_logprob
     ratio = np.exp(log_ratio)
     low, high = 1 - clip_coef, 1 + clip_coef
     neg_adv = -advantages
@@ -124,7 +155,7 @@ def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, o
     else:
         value_terms = np.square(value_error)
     ratio_step = ratio - 1.0
-    terms = np.stack([np.maximum(unclipped, clipped), value_terms, -(probs * log_probs).sum(-1),
+    terms = np.stack([np.maximum(unclipped, clipped), value_terms, -row_sums(probs * log_probs),
                       ratio_step - log_ratio, (np.abs(ratio_step) > clip_coef).astype(np.float32)])
     pg_loss, value_sum, entropy, approx_kl, clip_fraction = terms @ weight
     v_loss = 0.5 * value_sum
@@ -133,8 +164,8 @@ def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, o
     share = np.where((ratio >= low) & (ratio <= high), np.float32(1.0), _max_share(unclipped, clipped))
     grad_logprob = weight * neg_adv * share * ratio
     grad_log_probs = (log_probs + 1.0) * probs * (weight * ent_coef)[:, None]
-    grad_log_probs[rows, taken] += grad_logprob
-    grad_logits = grad_log_probs - probs * grad_log_probs.sum(-1, keepdims=True)
+    grad_log_probs.reshape(-1)[taken] += grad_logprob  # one index per row: no repeats
+    grad_logits = grad_log_probs - probs * row_sums(grad_log_probs)[:, None]
     if clip_vloss:
         share_v = _max_share(squared, clipped_squared)
         passes = (value_step >= -clip_coef) & (value_step <= clip_coef)
