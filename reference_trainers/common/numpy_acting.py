@@ -180,16 +180,55 @@ def in_chunks(forward: NumpyMLP, x: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([forward(x[start:start + rows]) for start in range(0, x.shape[0], rows)])
 
 
+_ROW_LOOP_MAX = 16
+"""Up to this many columns, a row maximum is taken column by column."""
+
+
+def column_sums(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The sum of each column of ``a`` (rows, columns) as one matrix-vector product: NumPy's
+    reduction over the rows of a C-ordered array is several times slower."""
+    return np.matmul(np.ones(len(a), dtype=a.dtype), a, out=out)
+
+
+def row_sums(a: np.ndarray) -> np.ndarray:
+    """The sum of each row of ``a`` (rows, columns) as one matrix-vector product (a NumPy
+    reduction over a short last axis walks row by row)."""
+    return a @ np.ones(a.shape[-1], dtype=a.dtype)
+
+
+def row_max(a: np.ndarray) -> np.ndarray:
+    """The maximum of each row of ``a`` (rows, columns); column by column for a few columns."""
+    if a.shape[-1] > _ROW_LOOP_MAX:
+        return a.max(-1)
+    out = a[:, 0].copy()
+    for column in range(1, a.shape[-1]):
+        np.maximum(out, a[:, column], out=out)
+    return out
+
+
+def taken_index(actions: np.ndarray, columns: int) -> np.ndarray:
+    """Flat indices of each row's taken action in a C-ordered (rows, ``columns``) array."""
+    return np.arange(len(actions)) * columns + actions.astype(np.intp)
+
+
 def sample_categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``ppo.sample_action`` for logits in NumPy: the first action whose cumulative probability
     reaches ``uniform`` (one per row), and its log-probability (float32)."""
-    shifted = logits - logits.max(-1, keepdims=True)
+    shifted = logits - row_max(logits)[:, None]
     scratch = np.exp(shifted)
-    log_probs = shifted - np.log(scratch.sum(-1, keepdims=True))
-    below = np.exp(log_probs, out=scratch).cumsum(-1) < uniform[:, None]
-    action = below.sum(-1)
-    np.minimum(action, logits.shape[-1] - 1, out=action)
-    return action, log_probs[np.arange(logits.shape[0]), action]
+    log_probs = shifted - np.log(row_sums(scratch))[:, None]
+    probs = np.exp(log_probs, out=scratch)
+    columns = logits.shape[-1]
+    if columns > _ROW_LOOP_MAX:
+        action = (probs.cumsum(-1) < uniform[:, None]).sum(-1)
+    else:  # the running sum column by column: cumsum's additions, in its order
+        running = probs[:, 0].copy()
+        action = (running < uniform).astype(np.intp)
+        for column in range(1, columns):
+            running += probs[:, column]
+            action += running < uniform
+    np.minimum(action, columns - 1, out=action)
+    return action, log_probs.take(taken_index(action, columns))
 
 
 def sample_gaussian(mean: np.ndarray, log_std: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ from torch import nn
 
 from .analytic import ACTIVATION_NAMES
 from .networks import MLP
-from .numpy_acting import NumpyMLP, host_view
+from .numpy_acting import NumpyMLP, column_sums, host_view, row_max, row_sums, taken_index
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
 """The statistics a PPO step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
@@ -87,37 +87,6 @@ class HostMLP:
                 grad_out *= slope
             else:  # relu: the gradient passes where the output is positive
                 grad_out *= layer_input > 0
-
-
-_ROW_LOOP_MAX = 16
-"""Up to this many columns, a row maximum is taken column by column."""
-
-
-def column_sums(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """The sum of each column of ``a`` (rows, columns) as one matrix-vector product: NumPy's
-    reduction over the rows of a C-ordered array is several times slower."""
-    return np.matmul(np.ones(len(a), dtype=a.dtype), a, out=out)
-
-
-def row_sums(a: np.ndarray) -> np.ndarray:
-    """The sum of each row of ``a`` (rows, columns) as one matrix-vector product (a NumPy
-    reduction over a short last axis walks row by row)."""
-    return a @ np.ones(a.shape[-1], dtype=a.dtype)
-
-
-def row_max(a: np.ndarray) -> np.ndarray:
-    """The maximum of each row of ``a`` (rows, columns); column by column for a few columns."""
-    if a.shape[-1] > _ROW_LOOP_MAX:
-        return a.max(-1)
-    out = a[:, 0].copy()
-    for column in range(1, a.shape[-1]):
-        np.maximum(out, a[:, column], out=out)
-    return out
-
-
-def taken_index(actions: np.ndarray, columns: int) -> np.ndarray:
-    """Flat indices of each row's taken action in a C-ordered (rows, ``columns``) array."""
-    return np.arange(len(actions)) * columns + actions.astype(np.intp)
 
 
 def _max_share(a: np.ndarray, b: np.ndarray) -> np.ndarray:
