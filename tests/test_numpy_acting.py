@@ -17,8 +17,9 @@ from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_ROWS, NumpyMLP, numpy_blas_threads,
-                                                    sample_categorical, sample_gaussian)
+from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_ROWS, NumpyMLP, column_sums,
+                                                    numpy_blas_threads, row_max, row_sums, sample_categorical,
+                                                    sample_gaussian, taken_index)
 from reference_trainers.common.resolve import resolve_config
 from reference_trainers.ppo import PPOTrainer, action_noise, sample_action
 
@@ -110,7 +111,23 @@ def test_side_by_side_needs_one_layer_pattern() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(actions=st.integers(2, 9), rows=st.integers(1, 16), seed=st.integers(0, 2**16))
+@given(columns=st.sampled_from([1, 2, 3, 16, 17, 40]), rows=st.integers(1, 64), seed=st.integers(0, 2**16))
+def test_row_and_column_reductions_match_numpys(columns: int, rows: int, seed: int) -> None:
+    """The reductions the NumPy steps take as matrix-vector products or column loops: the same
+    values as NumPy's own reductions (the maximum exactly), NaN kept, indices of the taken entries."""
+    values = np.random.default_rng(seed).standard_normal((rows, columns), dtype=np.float32)
+    np.testing.assert_array_equal(row_max(values), values.max(-1))
+    np.testing.assert_allclose(row_sums(values), values.sum(-1), **FP_REORDER)
+    np.testing.assert_allclose(column_sums(values), values.sum(0), **FP_REORDER)
+    assert row_sums(values).dtype == column_sums(values).dtype == np.float32
+    taken = np.random.default_rng(seed + 1).integers(0, columns, rows)
+    np.testing.assert_array_equal(values.take(taken_index(taken, columns)), values[np.arange(rows), taken])
+    values[0, -1] = np.nan
+    assert np.isnan(row_max(values)[0]) and np.isnan(row_sums(values)[0]) and np.isnan(column_sums(values)[-1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(actions=st.sampled_from([2, 3, 9, 16, 17, 24]), rows=st.integers(1, 16), seed=st.integers(0, 2**16))
 def test_numpy_categorical_sampling_matches_the_torch_sampling(actions: int, rows: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     logits = 3 * torch.randn(rows, actions, generator=generator)
@@ -123,6 +140,20 @@ def test_numpy_categorical_sampling_matches_the_torch_sampling(actions: int, row
     np.testing.assert_array_equal(host_action[clear.numpy()], action[clear].numpy())
     assert host_logprob.dtype == np.float32
     np.testing.assert_allclose(host_logprob[clear.numpy()], logprob[clear].numpy(), **FP_REORDER)
+
+
+@pytest.mark.parametrize("actions", [2, 5, 16])
+def test_numpy_categorical_running_sum_is_cumsums(actions: int) -> None:
+    """Up to 16 actions the sample counts a running sum column by column: cumsum's additions in
+    its order, so the same actions as ``cumsum`` bit for bit, boundary rows included."""
+    rng = np.random.default_rng(actions)
+    logits = (3 * rng.standard_normal((4096, actions))).astype(np.float32)
+    noise = rng.random(4096, dtype=np.float32)
+    action, _ = sample_categorical(logits, noise)
+    shifted = logits - logits.max(-1, keepdims=True)
+    probs = np.exp(shifted - np.log(np.exp(shifted) @ np.ones(actions, np.float32))[:, None])
+    expected = np.minimum((probs.cumsum(-1) < noise[:, None]).sum(-1), actions - 1)
+    np.testing.assert_array_equal(action, expected)
 
 
 def test_numpy_gaussian_sampling_matches_the_torch_sampling() -> None:
