@@ -18,7 +18,7 @@ from harness.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
 from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_ROWS, NumpyMLP, column_sums,
-                                                    numpy_blas_threads, row_max, row_sums, sample_categorical,
+                                                    numpy_blas_threads, relu_, row_max, row_sums, sample_categorical,
                                                     sample_gaussian, taken_index)
 from reference_trainers.common.resolve import resolve_config
 from reference_trainers.ppo import PPOTrainer, action_noise, sample_action
@@ -126,6 +126,22 @@ def test_row_and_column_reductions_match_numpys(columns: int, rows: int, seed: i
     np.testing.assert_array_equal(values.take(taken_index(taken, columns)), values[np.arange(rows), taken])
     values[0, -1] = np.nan
     assert np.isnan(row_max(values)[0]) and np.isnan(row_sums(values)[0]) and np.isnan(column_sums(values)[-1])
+
+
+@pytest.mark.parametrize("shape", [(84,), (1, 84), (128, 120), (128, 120)])
+def test_relu_in_place_is_numpys_maximum_with_zero(shape: tuple[int, ...]) -> None:
+    """The in-place ReLU (against a kept array of zeros): NumPy's ``maximum(x, 0)`` bit for bit,
+    NaN kept, and its zeros untouched by the arrays it was applied to (the shape repeats)."""
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    x.flat[0] = np.nan
+    expected = np.maximum(x, np.float32(0.0))
+    relu_(x)
+    np.testing.assert_array_equal(x, expected)
+    assert x.dtype == np.float32 and np.isnan(x.flat[0]) and (x >= 0).sum() == x.size - 1
+    x[...] = 5.0
+    after = np.full(shape, -1.0, dtype=np.float32)
+    relu_(after)
+    assert not after.any()
 
 
 @settings(max_examples=25, deadline=None)

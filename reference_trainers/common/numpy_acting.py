@@ -11,6 +11,7 @@ tests/test_numpy_acting.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -162,10 +163,24 @@ class NumpyMLP:
             if layer == "tanh":
                 np.tanh(x, out=x)
             elif layer == "relu":
-                np.maximum(x, 0.0, out=x)
+                relu_(x)
             else:  # a fresh array: the activations after it work in place
                 x = layer(x)
         return x[None] if single else x
+
+
+@functools.lru_cache(maxsize=32)
+def _zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only float32 array of zeros of ``shape`` (one per shape, kept)."""
+    zeros = np.zeros(shape, dtype=np.float32)
+    zeros.flags.writeable = False
+    return zeros
+
+
+def relu_(x: np.ndarray) -> None:
+    """ReLU in place. NumPy's maximum against a scalar takes a slower loop than against an array
+    of the same shape, so the zeros come as one. NaN stays NaN either way."""
+    np.maximum(x, _zeros(x.shape), out=x)
 
 
 def chunk_rows(batch_inference: bool, inference_batch_size: int | None, num_envs: int) -> int:

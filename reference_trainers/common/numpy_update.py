@@ -22,7 +22,7 @@ from torch import nn
 
 from .analytic import ACTIVATION_NAMES
 from .networks import MLP
-from .numpy_acting import NumpyMLP, column_sums, host_view, row_max, row_sums, taken_index
+from .numpy_acting import NumpyMLP, column_sums, host_view, relu_, row_max, row_sums, taken_index
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
 """The statistics a PPO step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
@@ -66,7 +66,7 @@ class HostMLP:
             if layer.activation == "tanh":
                 np.tanh(x, out=x)
             elif layer.activation == "relu":
-                np.maximum(x, 0.0, out=x)
+                relu_(x)
             inputs.append(x)
             x = x @ layer.weight.T  # a fresh array: the next activation works in place
             x += layer.bias
