@@ -91,7 +91,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("dqn-host-gather-ignored", _o("numpy_update"), "reference_trainers/common/value_based.py",
            "self.host_minibatches = bool(o.numpy_update)", "self.host_minibatches = False"),
     Mutant("numpy-dqn-huber-unclipped", _o("numpy_update"), "reference_trainers/common/numpy_update.py",
-           "slope = np.clip(error, -1.0, 1.0) / np.float32(len(error))", "slope = error / np.float32(len(error))",
+           "slope = np.clip(error, -1.0, 1.0) / count", "slope = error / count",
            tests=("tests/test_numpy_update.py",)),
     Mutant("dqn-analytic-grads-ignored", _o("analytic_grads"), "reference_trainers/common/value_based.py",
            "loss = self.analytic_loss if o.analytic_grads else self.loss", "loss = self.loss"),

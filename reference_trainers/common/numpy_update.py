@@ -235,18 +235,19 @@ class HostDQNStep:
         error = q_taken - targets
         size = np.abs(error)
         per_sample = np.where(size < 1.0, 0.5 * error * error, size - 0.5)  # smooth L1, beta 1
-        slope = np.clip(error, -1.0, 1.0) / np.float32(len(error))
+        count = np.float32(len(error))  # the means as sum / count: np.mean's sum and division, without its overhead
+        slope = np.clip(error, -1.0, 1.0) / count
         if weights is None:
-            loss = per_sample.mean()
+            loss = per_sample.sum() / count
         else:
             weights_h = _host(weights)
-            loss = (weights_h * per_sample).mean()
+            loss = (weights_h * per_sample).sum() / count
             slope *= weights_h
         grad_q = np.zeros_like(q)
         grad_q[rows, taken] = slope
         self.online.backward(inputs, grad_q)
         grad_norm, nonfinite = self.grads.clip(loss)
-        loss_t, q_mean, nonfinite_t, norm = _as_tensors(loss, q_taken.mean(), nonfinite, grad_norm)
+        loss_t, q_mean, nonfinite_t, norm = _as_tensors(loss, q_taken.sum() / count, nonfinite, grad_norm)
         stats = dict(zip(DQN_STAT_NAMES, (loss_t, q_mean, nonfinite_t)))
         stats["priority"] = torch.from_numpy(size)
         return loss_t, stats, norm
