@@ -196,7 +196,8 @@ def in_chunks(forward: NumpyMLP, x: np.ndarray, rows: int) -> np.ndarray:
 
 
 _ROW_LOOP_MAX = 16
-"""Up to this many columns, a row maximum is taken column by column."""
+"""Up to this many columns, ``row_max`` and the categorical sample's running sum go column by
+column (one NumPy call per column); wider arrays take NumPy's own reductions."""
 
 
 def column_sums(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
