@@ -169,18 +169,18 @@ class NumpyMLP:
         return x[None] if single else x
 
 
-@functools.lru_cache(maxsize=32)
-def _zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """A read-only float32 array of zeros of ``shape`` (one per shape, kept)."""
-    zeros = np.zeros(shape, dtype=np.float32)
-    zeros.flags.writeable = False
-    return zeros
+@functools.lru_cache(maxsize=64)
+def _filled(shape: tuple[int, ...], value: float, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """A read-only array of ``value`` (one per shape, value and dtype, kept: no allocation per call)."""
+    array = np.full(shape, value, dtype=dtype)
+    array.flags.writeable = False
+    return array
 
 
 def relu_(x: np.ndarray) -> None:
     """ReLU in place. NumPy's maximum against a scalar takes a slower loop than against an array
     of the same shape, so the zeros come as one. NaN stays NaN either way."""
-    np.maximum(x, _zeros(x.shape), out=x)
+    np.maximum(x, _filled(x.shape, 0.0), out=x)
 
 
 def chunk_rows(batch_inference: bool, inference_batch_size: int | None, num_envs: int) -> int:
@@ -203,13 +203,13 @@ column (one NumPy call per column); wider arrays take NumPy's own reductions."""
 def column_sums(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The sum of each column of ``a`` (rows, columns) as one matrix-vector product: NumPy's
     reduction over the rows of a C-ordered array is several times slower."""
-    return np.matmul(np.ones(len(a), dtype=a.dtype), a, out=out)
+    return np.matmul(_filled((len(a),), 1.0, a.dtype), a, out=out)
 
 
 def row_sums(a: np.ndarray) -> np.ndarray:
     """The sum of each row of ``a`` (rows, columns) as one matrix-vector product (a NumPy
     reduction over a short last axis walks row by row)."""
-    return a @ np.ones(a.shape[-1], dtype=a.dtype)
+    return a @ _filled((a.shape[-1],), 1.0, a.dtype)
 
 
 def row_max(a: np.ndarray) -> np.ndarray:
