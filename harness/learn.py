@@ -42,7 +42,7 @@ from reference_trainers.common.flags import budget_overrides
 from . import power, quality
 from .errors import UserError
 from .interrupts import raise_if_stopping
-from .machine_state import OthersMeter, Snapshot, free_cores
+from .machine_state import OthersMeter, Snapshot, free_cores, retain_heap
 from .presets import VariantSpec, specs_for
 from .progress import RunProgress
 
@@ -220,6 +220,7 @@ def run_learning(plan: Plan, *, show_progress: bool = False) -> Record:
     threads: dict[str, int] = {}
     try:
         snapshot = _fair_threads(plan)
+        retain_heap(arm.resolutions[0].config.run.heap_retention for arm in plan.arms)
         with RunProgress(plan.steps * len(plan.seeds) * len(plan.arms), enabled=show_progress) as progress:
             for index, seed in enumerate(plan.seeds):
                 progress.describe(f"seed {seed} ({index + 1}/{len(plan.seeds)})")

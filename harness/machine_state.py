@@ -10,20 +10,22 @@ thread. So every run records what else the machine was doing while it was timed:
   other processes used (system busy time on those cores minus this process's own CPU time,
   children included, over the segment's wall time);
 - load averages before and after, core counts and affinity, each variant's threads, and the
-  thread variables of the OpenMP / MKL / OpenBLAS runtimes.
+  thread variables of the OpenMP / MKL / OpenBLAS runtimes;
+- ``heap_retained``: whether glibc's malloc thresholds were fixed high (``run.heap_retention``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from . import metrics
+from .allocator import heap_retention
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 BEFORE_SAMPLE_S = 0.3
@@ -102,6 +104,12 @@ def busy_cores_now(seconds: float = BEFORE_SAMPLE_S) -> float:
     return meter.busy_cores()
 
 
+def retain_heap(wanted: Iterable[bool]) -> bool:
+    """Under ``run.heap_retention`` (every arm's), glibc's malloc thresholds fixed high before the
+    arms are built (``allocator``); True when they are fixed, now or by an earlier run."""
+    return heap_retention.retain() if all(wanted) else heap_retention.retained
+
+
 def free_cores(busy: float) -> int:
     """Whole cores left to this process when others keep ``busy`` cores busy (at least one)."""
     return max(1, int(round(usable_cores() - busy)))
@@ -128,5 +136,5 @@ class Snapshot:
             "load_avg_before": self.load_avg_before, "load_avg_after": load_average(),
             "busy_cores_before": self.busy_cores_before,
             "others_cpu_share": metrics.spread(others_shares) if others_shares else None,
-            "threads": threads, "thread_env": thread_env(),
+            "threads": threads, "thread_env": thread_env(), "heap_retained": heap_retention.retained,
         }

@@ -204,8 +204,7 @@ def _short(value: Any) -> str:
 
 class OwnTrainer:
     """A user's trainer as the harness's ``Trainer``: counts steps and iterations, keeps the torch
-    threads and the heap retention (``optimizations.heap_retention``) its factory left in force
-    (variants interleave in one process), passes the probe."""
+    threads its factory left in force (variants interleave in one process), passes the probe."""
 
     measures_latency = False
     """No ``select_actions``: inference latency is not measured (the phase split still is)."""
@@ -214,11 +213,9 @@ class OwnTrainer:
         import torch
 
         from reference_trainers.common import device as dev
-        from reference_trainers.common.allocator import heap_retention
 
         self.label, self.config = config.trainer, config
         dev.apply_threads(None)  # torch's default (capped under fair threads) unless the factory says otherwise
-        heap_retention.apply(False)  # glibc's own thresholds unless the factory says otherwise
         kwargs: dict[str, Any] = {"device": str(device), "seed": config.seed}
         if _takes_probe(factory):
             kwargs["probe"] = probe
@@ -232,18 +229,14 @@ class OwnTrainer:
             made.set_probe(probe)
         self.inner = made
         self.torch_threads = torch.get_num_threads()
-        self.heap_retention = heap_retention.retaining
         self.env_steps = 0
         self.iterations = 0
 
     def activate(self) -> None:
         import torch
 
-        from reference_trainers.common.allocator import heap_retention
-
         if torch.get_num_threads() != self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        heap_retention.apply(self.heap_retention)
 
     def iterate(self) -> Any:
         from reference_trainers.common.trainer import IterationResult

@@ -28,7 +28,7 @@ from .checkpoints import Checkpointing
 from .errors import UserError
 from .gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
 from .interrupts import raise_if_stopping
-from .machine_state import OthersMeter, Snapshot, free_cores
+from .machine_state import OthersMeter, Snapshot, free_cores, retain_heap
 from .own_trainer import OwnConfig, resolve_own
 from .presets import VariantSpec
 from .progress import RunProgress
@@ -189,6 +189,7 @@ def run_variants(specs: list[VariantSpec], *, show_progress: bool = False,
     interrupted = False
     saved = dev.process_settings()
     _fair_threads(lives)
+    retain_heap(l.resolution.config.run.heap_retention for l in lives)
     with RunProgress(total, enabled=show_progress) as progress:
         try:
             for live in lives:

@@ -14,15 +14,13 @@ from harness.cli import main
 from harness.compare import Ratio
 from harness.presets import specs_for
 from harness.runner import rotated
-from reference_trainers.common import allocator
 from reference_trainers.common.resolve import resolve_config
 from results_factory import make_result
 
 CPU = ["device=cpu"]
 CPU_FLAGS = {"env.vectorization", "batch_inference", "optimizer_impl", "foreach_grad_clip", "direct_adam_step", "sync_free_logging",
              "torch_threads", "lean_rollout", "stacked_mlps", "fused_gae", "packed_gather", "numpy_acting",
-             "analytic_grads", "numpy_update", "block_noise"} | ({"heap_retention"} if allocator.unavailable_reason() is None
-                                                                  else set())
+             "analytic_grads", "numpy_update", "block_noise"}
 
 
 

@@ -1,34 +1,31 @@
-"""Tests for ``optimizations.heap_retention``: retained, a process stops faulting in fresh pages
-for arrays it frees and allocates again (switched off, it faults again), every trainer keeps its
-setting in force while it updates, a user's trainer keeps what its factory set, and a C library
-without glibc's ``mallopt`` is a clear error."""
+"""Tests for ``run.heap_retention``: with the thresholds fixed, a process stops faulting in fresh
+pages for arrays it frees and allocates again; ``run`` and ``learn`` fix them before the arms are
+built unless an arm says false, and the result records the state."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from flag_effects import at_each_update, iterate_against, running
+from conftest import TINY
 
-from reference_trainers.common import allocator
-from reference_trainers.common.allocator import heap_retention
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.resolve import resolve_config
+from harness import allocator, machine_state
+from harness.cli import main
+from harness.presets import specs_for
+from harness.runner import run_variants
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_glibc = pytest.mark.skipif(allocator.unavailable_reason() is not None,
-                                 reason="heap retention sets glibc's malloc thresholds")
+needs_glibc = pytest.mark.skipif(allocator.glibc_mallopt() is None, reason="heap retention sets glibc's thresholds")
 
 _FAULTS = """
 import resource, sys
 import numpy as np
-from reference_trainers.common.allocator import heap_retention
-if sys.argv[1] in ("retained", "switched-off"):
-    heap_retention.apply(True)
-if sys.argv[1] == "switched-off":
-    heap_retention.apply(False)
+from harness.allocator import heap_retention
+if sys.argv[1] == "retained":
+    assert heap_retention.retain()
 def steps(count):  # a step's worth of 1 MB arrays, all freed together, as a minibatch's are
     for _ in range(count):
         arrays = [np.ones(256 * 1024, dtype=np.float32) for _ in range(8)]
@@ -50,67 +47,45 @@ def _page_faults(state: str) -> int:
 
 
 @needs_glibc
-@pytest.mark.flag_effect("optimizations.heap_retention")
-def test_retained_heap_reuses_its_pages_and_switched_off_faults_them_in_again() -> None:
-    untouched, retained, switched_off = (_page_faults(state) for state in ("untouched", "retained", "switched-off"))
-    assert untouched > PAGES_TOUCHED // 2, "glibc's own thresholds were expected to fault these arrays in"
-    assert retained < PAGES_TOUCHED // 50, f"{retained} page faults with the heap retained"
-    assert switched_off > PAGES_TOUCHED // 2, "switching retention off should put glibc's default thresholds back"
+def test_retained_heap_reuses_its_pages_where_glibcs_own_thresholds_fault_them_in() -> None:
+    untouched, retained = _page_faults("untouched"), _page_faults("retained")
+    assert untouched > PAGES_TOUCHED // 2, "glibc's adaptive thresholds were expected to fault these arrays in"
+    assert retained < PAGES_TOUCHED // 50, f"{retained} page faults with the thresholds fixed"
+
+
+@pytest.fixture
+def fresh_heap(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """A process state not yet retained, whose ``retain`` calls are recorded (and made for real)."""
+    state = allocator.HeapRetention()
+    calls: list[bool] = []
+    real = state.retain
+    monkeypatch.setattr(state, "retain", lambda: calls.append(True) or real())
+    monkeypatch.setattr(machine_state, "heap_retention", state)
+    return calls
 
 
 @needs_glibc
-@pytest.mark.flag_effect("optimizations.heap_retention")
-@pytest.mark.parametrize("algo", ["ppo", "ppo-lstm", "dqn", "iqn"])
-@pytest.mark.parametrize("retain", [False, True])
-def test_every_trainer_keeps_its_heap_retention_in_force_while_it_updates(algo: str, retain: bool) -> None:
-    seen: list[bool] = []
-    with running(algo, f"optimizations.heap_retention={str(retain).lower()}") as trainer:
-        at_each_update(trainer, lambda: seen.append(heap_retention.retaining))
-        iterate_against(trainer, lambda: heap_retention.apply(not retain))
-    assert seen and set(seen) == {retain}
+@pytest.mark.parametrize("retain", [True, False])
+def test_run_fixes_the_thresholds_before_the_arms_unless_an_arm_says_false(fresh_heap: list[bool],
+                                                                           retain: bool) -> None:
+    sets = [*TINY, "run.repeats=1", "run.steps=64"]
+    specs = [*specs_for("ppo-cartpole", "baseline", [*sets, f"run.heap_retention={str(retain).lower()}"]),
+             *specs_for("ppo-cartpole", "optimized", sets)]
+    results, _ = run_variants(specs, say=lambda _t: None)
+    assert fresh_heap == ([True] if retain else [])
+    assert [r.machine_state["heap_retained"] for r in results] == [retain, retain]
 
 
 @needs_glibc
-def test_a_users_trainer_keeps_the_retention_its_factory_left() -> None:
-    from harness.own_trainer import OwnConfig, OwnTrainer
-    from reference_trainers.common.probe import NullProbe
-
-    class Minimal:
-        def iterate(self) -> int:
-            return 1
-
-        def close(self) -> None:
-            pass
-
-    def retaining_factory(config: dict, *, device: str, seed: int) -> Minimal:
-        heap_retention.apply(True)
-        return Minimal()
-
-    def plain_factory(config: dict, *, device: str, seed: int) -> Minimal:
-        return Minimal()
-
-    heap_retention.apply(True)  # another arm left it on: a plain factory starts from glibc's own thresholds
-    plain = OwnTrainer(plain_factory, OwnConfig("plain", {}), "cpu", NullProbe())
-    assert not heap_retention.retaining
-    retaining = OwnTrainer(retaining_factory, OwnConfig("retaining", {}), "cpu", NullProbe())
-    for trainer, expected in ((plain, False), (retaining, True), (plain, False)):
-        trainer.iterate()
-        assert heap_retention.retaining is expected
-    heap_retention.apply(False)
+def test_learn_fixes_the_thresholds_and_records_it(fresh_heap: list[bool], tmp_path: Path) -> None:
+    out = tmp_path / "learn"
+    sets = [a for item in TINY for a in ("--set", item)]
+    assert main(["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *sets, "--quiet", "--out", str(out)]) == 0
+    assert fresh_heap == [True]
+    assert json.loads((out / "learn.json").read_text())["machine_state"]["heap_retained"] is True
 
 
-def test_without_glibc_auto_stays_plain_and_true_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    why = "it sets glibc's malloc thresholds, and this process's C library is not glibc (Darwin)"
-    monkeypatch.setattr(allocator, "unavailable_reason", lambda: why)
-    tiny = ["algo=ppo", "device=cpu", "env.id=CartPole-v1", "env.num_envs=2"]
-    resolved = resolve_config(build_config({}, [*tiny, "optimizations.heap_retention=auto"]))
-    assert resolved.config.optimizations.heap_retention is False
-    assert why in resolved.reasons["optimizations.heap_retention"]
-    with pytest.raises(ConfigError, match="heap_retention.*not glibc"):
-        resolve_config(build_config({}, [*tiny, "optimizations.heap_retention=true"]))
-
-
-def test_switching_on_without_mallopt_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_glibc_nothing_is_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocator, "glibc_mallopt", lambda: None)
-    with pytest.raises(RuntimeError, match="heap_retention"):
-        allocator.HeapRetention().apply(True)
+    state = allocator.HeapRetention()
+    assert state.retain() is False and state.retained is False

@@ -26,7 +26,6 @@ from stable_baselines3.common.vec_env import VecEnvWrapper
 from torch import nn
 
 from reference_trainers import IterationResult
-from reference_trainers.common import allocator
 from reference_trainers.common.config import TrainConfig
 from reference_trainers.common.probe import NullProbe, Probe
 
@@ -168,16 +167,11 @@ it takes plain settings and uses nothing a user's own trainer could not."""
 
 def peer_settings(config: TrainConfig) -> dict[str, Any]:
     """What ``make_trainer`` takes, as plain data: the env, the process settings of the config SB3
-    is matched from, and SB3's arguments from the matching table.
-
-    ``heap_retention`` is on wherever glibc allows, whatever the config says: the allocator's
-    thresholds are process-wide state that the arms interleaved beside the peer change, and
-    retention never slows SB3 down (docs/peers.md), so the comparison errs on the peer's side."""
+    is matched from, and SB3's arguments from the matching table."""
     return {
         "algo": config.algo, "env_id": config.env.id, "num_envs": config.env.num_envs,
         "env_kwargs": dict(config.env.kwargs or {}), "activation": config.model.activation,
         "torch_threads": config.optimizations.torch_threads, "return_window": config.run.return_window,
-        "heap_retention": allocator.unavailable_reason() is None,
         "anneal_lr": config.ppo.anneal_lr if config.algo == "ppo" else False,
         "learning_rate": config.ppo.learning_rate if config.algo == "ppo" else config.dqn.learning_rate,
         "log_interval": config.dqn.log_interval if config.algo == "dqn" else None,
@@ -203,7 +197,6 @@ class SB3Trainer:
         self.probe: Probe = probe or NullProbe()
         if s["torch_threads"]:
             torch.set_num_threads(int(s["torch_threads"]))  # else the default the harness set (fair threads)
-        allocator.heap_retention.apply(bool(s.get("heap_retention")))  # kept in force by the adapter
         args = s["sb3"]
         env = _TimedVecEnv(make_vec_env(s["env_id"], n_envs=s["num_envs"], seed=seed, env_kwargs=s["env_kwargs"] or None),
                            self.probe)

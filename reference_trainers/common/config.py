@@ -248,6 +248,11 @@ class RunConfig(_Section):
     """Cap torch's default intra-op thread count (a variant with ``torch_threads`` unset) at the
     cores other processes leave free, measured just before the run, so that a busy neighbour
     cannot make default-threaded variants spin against it. A quiet machine is unaffected."""
+    heap_retention: bool = True
+    """Fix glibc's malloc thresholds high before the arms are built (``harness/allocator.py``), so
+    that what the process allocated before cannot decide whether an arm faults its per-step arrays
+    in afresh. Every arm of the run shares the setting; false leaves glibc's adaptive thresholds.
+    Off Linux/glibc there is nothing to fix."""
     planted_slowdown_pct: float = Field(0.0, ge=0.0, lt=100.0)
     """Calibration knob: each timed iteration busy-waits so that throughput falls by this percent
     (20 -> 0.8x env steps/s). Used by ``rlgauge calibrate``; 0 (no delay) for measurements."""

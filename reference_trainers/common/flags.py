@@ -238,13 +238,6 @@ def _numpy_acting_blockers(ctx: Context) -> list[tuple[bool, str]]:
     ]
 
 
-def _heap_retention_blockers(ctx: Context) -> list[tuple[bool, str]]:
-    from .allocator import unavailable_reason
-
-    why = unavailable_reason()
-    return [(why is not None, why or "")]
-
-
 def _compile_step_auto(ctx: Context) -> tuple[Any, str]:
     o, c = ctx.o, ctx.config
     iqn_on_cuda = ctx.on_cuda and c.algo == "iqn"
@@ -509,15 +502,6 @@ FLAGS: tuple[Flag, ...] = (
          "torch's default intra-op threads (all cores).", "a set number of intra-op threads while the trainer runs.",
          "device.thread_settings", "update", auto=_threads_auto,
          advice="torch_threads=1 (small models lose more to thread hand-off than they gain)"),
-    Flag(_o("heap_retention"), BoolOrAuto, False, (True,), "auto", EXACT,
-         "the same arithmetic on the same values; only where memory comes from changes",
-         "glibc's own malloc thresholds, which adapt to what the process freed before: large per-step arrays "
-         "may get fresh pages from the kernel, faulted in again every step.",
-         "glibc's mmap and trim thresholds fixed high (`mallopt`) while the trainer runs: freed per-step "
-         "arrays stay in the heap and the next step reuses pages already mapped.",
-         "allocator.HeapRetention", "update", blockers=_heap_retention_blockers,
-         auto=_always("page faults on per-step arrays cost more than the arithmetic on them"),
-         advice="heap_retention=true (per-step arrays reuse mapped heap pages)"),
     Flag(_o("uint8_transfer"), BoolOrAuto, False, (True,), "auto", EXACT, "uint8 -> float32 / 255 on either side",
          "pixel observations become float32 on the host before the copy.",
          "pixels cross as uint8 (a quarter of the bytes) and are normalised on the device.",

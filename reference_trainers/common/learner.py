@@ -23,7 +23,6 @@ from torch import nn
 
 from . import device as dev
 from . import distributed
-from .allocator import heap_retention
 from .config import OptimizationsConfig, TrainConfig
 from .numpy_acting import numpy_blas_threads
 from .speedups import CompiledOrEager, CudaGraphedStep, FusedAdamStep, clip_grad_norm, make_adam
@@ -44,7 +43,7 @@ class NonFiniteError(RuntimeError):
 
 def apply_process_settings(optimizations: OptimizationsConfig) -> None:
     """Apply a trainer's process-wide settings (matmul precision, TF32, intra-op threads, NumPy's
-    BLAS threads under ``numpy_acting``, glibc's malloc thresholds under ``heap_retention``).
+    BLAS threads under ``numpy_acting``).
 
     Global state: trainers call this at the start of each iteration, so two trainers in one
     process (baseline and optimised, interleaved) each run with their own settings.
@@ -52,7 +51,6 @@ def apply_process_settings(optimizations: OptimizationsConfig) -> None:
     dev.apply_precision(optimizations.matmul_precision, optimizations.tf32)
     dev.apply_threads(optimizations.torch_threads)
     numpy_blas_threads.apply(bool(optimizations.numpy_acting))
-    heap_retention.apply(bool(optimizations.heap_retention))
 
 
 def maybe_compile(model: nn.Module, optimizations: OptimizationsConfig, name: str = "model"
