@@ -160,16 +160,21 @@ def test_numpy_categorical_sampling_matches_the_torch_sampling(actions: int, row
     np.testing.assert_allclose(host_logprob[clear.numpy()], logprob[clear].numpy(), **FP_REORDER)
 
 
-@pytest.mark.parametrize("actions", [2, 5, 16])
+@pytest.mark.parametrize("actions", [2, 3, 5, 16])
 def test_numpy_categorical_running_sum_is_cumsums(actions: int) -> None:
     """Up to 16 actions the sample counts a running sum column by column: cumsum's additions in
-    its order, so the same actions as ``cumsum`` bit for bit, boundary rows included."""
+    its order, so the same actions as ``cumsum`` bit for bit, boundary rows included: draws equal
+    to a row's running sum at some column, and the largest float32 below 1 (where the last sum,
+    left out of the count, may fall short of the draw)."""
     rng = np.random.default_rng(actions)
     logits = (3 * rng.standard_normal((4096, actions))).astype(np.float32)
-    noise = rng.random(4096, dtype=np.float32)
-    action, _ = sample_categorical(logits, noise)
     shifted = logits - logits.max(-1, keepdims=True)
     probs = np.exp(shifted - np.log(np.exp(shifted) @ np.ones(actions, np.float32))[:, None])
+    noise = rng.random(4096, dtype=np.float32)
+    rows = np.arange(1024)
+    noise[:1024] = probs.cumsum(-1)[rows, rows % actions]  # exactly on a boundary
+    noise[1024:1536] = np.nextafter(np.float32(1), np.float32(0))
+    action, _ = sample_categorical(logits, noise)
     expected = np.minimum((probs.cumsum(-1) < noise[:, None]).sum(-1), actions - 1)
     np.testing.assert_array_equal(action, expected)
 

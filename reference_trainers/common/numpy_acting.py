@@ -222,9 +222,17 @@ def row_max(a: np.ndarray) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _row_starts(rows: int, columns: int) -> np.ndarray:
+    """The flat index of each row's first element in a C-ordered (rows, ``columns``) array (kept, read-only)."""
+    starts = np.arange(rows, dtype=np.intp) * columns
+    starts.flags.writeable = False
+    return starts
+
+
 def taken_index(actions: np.ndarray, columns: int) -> np.ndarray:
     """Flat indices of each row's taken action in a C-ordered (rows, ``columns``) array."""
-    return np.arange(len(actions)) * columns + actions.astype(np.intp)
+    return _row_starts(len(actions), columns) + actions.astype(np.intp)
 
 
 def sample_categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,15 +243,20 @@ def sample_categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndar
     log_probs = shifted - np.log(row_sums(scratch))[:, None]
     probs = np.exp(log_probs, out=scratch)
     columns = logits.shape[-1]
-    if columns > _ROW_LOOP_MAX:
+    if columns > _ROW_LOOP_MAX or columns == 1:
         action = (probs.cumsum(-1) < uniform[:, None]).sum(-1)
-    else:  # the running sum column by column: cumsum's additions, in its order
-        running = probs[:, 0].copy()
+        np.minimum(action, columns - 1, out=action)
+    else:  # the running sum column by column: cumsum's additions, in its order. The last column's
+        # sum is left out: the running sum never falls (probabilities are >= 0), so it passes
+        # ``uniform`` only in rows where every earlier sum has, which already count columns - 1,
+        # the most the count may reach (cumsum's count is clipped there)
+        running = probs[:, 0]
         action = (running < uniform).astype(np.intp)
-        for column in range(1, columns):
-            running += probs[:, column]
-            action += running < uniform
-    np.minimum(action, columns - 1, out=action)
+        if columns > 2:
+            running = running.copy()
+            for column in range(1, columns - 1):
+                running += probs[:, column]
+                action += running < uniform
     return action, log_probs.take(taken_index(action, columns))
 
 
