@@ -17,7 +17,7 @@ from harness.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_ROWS, NumpyMLP, column_sums,
+from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_WASTE, NumpyMLP, column_sums,
                                                     numpy_blas_threads, relu_, row_max, row_sums, sample_categorical,
                                                     sample_gaussian, taken_index)
 from reference_trainers.common.resolve import resolve_config
@@ -78,8 +78,12 @@ def test_numpy_stacked_actor_critic_matches_the_torch_one() -> None:
     np.testing.assert_allclose(out[:, stacked.split:], value.numpy(), **FP_REORDER)
 
 
+SPLIT_ROWS = -(-BLOCK_SPLIT_MIN_WASTE // (16 * 12 * 2))
+"""Rows from which the hidden layers of the test's 16x12 pair run as two products."""
+
+
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("rows", [1, BLOCK_SPLIT_MIN_ROWS - 1, BLOCK_SPLIT_MIN_ROWS, 64])
+@pytest.mark.parametrize("rows", [1, 64, SPLIT_ROWS - 1, SPLIT_ROWS, 2 * SPLIT_ROWS])
 def test_side_by_side_forward_matches_the_two_networks(activation: str, rows: int) -> None:
     """One product per layer for a few rows, two half-width products for many: both are the two MLPs."""
     torch.manual_seed(3)

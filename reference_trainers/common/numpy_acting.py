@@ -25,9 +25,10 @@ from .analytic import ACTIVATION_NAMES
 from .networks import MLP
 
 LOG_2PI = math.log(2 * math.pi)
-BLOCK_SPLIT_MIN_ROWS = 16
-"""From this many rows a block-diagonal layer runs as two half-width products (half the
-arithmetic, so faster than the full product), below it as one product (one call beats two)."""
+BLOCK_SPLIT_MIN_WASTE = 131_072
+"""Multiply-adds the full product of a block-diagonal layer spends on its zero blocks from which
+the layer runs as two half-width products (less arithmetic, so faster); below it as one product
+(one call beats two): from 16 rows for a pair of 64x64 layers, never for 64-row output heads."""
 
 
 def _transposed_copy(weight: torch.Tensor) -> np.ndarray:
@@ -60,9 +61,11 @@ class BlockDiagonal:
             self.full_t = _transposed_copy(torch.block_diag(first.weight, second.weight))
             self.bias = torch.cat([first.bias, second.bias]).numpy()
         self.split_in, self.split_out = self.first_t.shape
+        second_in, second_out = self.second_t.shape
+        self.zero_block_work = self.split_in * second_out + second_in * self.split_out  # per row, in the full product
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.ndim == 1 or x.shape[0] < BLOCK_SPLIT_MIN_ROWS:
+        if x.ndim == 1 or x.shape[0] * self.zero_block_work < BLOCK_SPLIT_MIN_WASTE:
             out = x @ self.full_t
         else:
             out = np.empty((x.shape[0], self.bias.shape[0]), dtype=np.float32)
