@@ -217,10 +217,10 @@ def row_sums(a: np.ndarray) -> np.ndarray:
 
 def row_max(a: np.ndarray) -> np.ndarray:
     """The maximum of each row of ``a`` (rows, columns); column by column for a few columns."""
-    if a.shape[-1] > _ROW_LOOP_MAX:
+    if a.shape[-1] > _ROW_LOOP_MAX or a.shape[-1] == 1:
         return a.max(-1)
-    out = a[:, 0].copy()
-    for column in range(1, a.shape[-1]):
+    out = np.maximum(a[:, 0], a[:, 1])
+    for column in range(2, a.shape[-1]):
         np.maximum(out, a[:, column], out=out)
     return out
 
@@ -235,7 +235,7 @@ def _row_starts(rows: int, columns: int) -> np.ndarray:
 
 def taken_index(actions: np.ndarray, columns: int) -> np.ndarray:
     """Flat indices of each row's taken action in a C-ordered (rows, ``columns``) array."""
-    return _row_starts(len(actions), columns) + actions.astype(np.intp)
+    return _row_starts(len(actions), columns) + actions.astype(np.intp, copy=False)
 
 
 def sample_categorical(logits: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
