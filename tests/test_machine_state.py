@@ -136,6 +136,7 @@ def test_cpu_seconds_follow_the_work_not_the_wall_clock(monkeypatch: pytest.Monk
     assert cpu < 1.6  # the CPU time per step stays about where it was (a busy-wait would double it)
 
 
+@pytest.mark.serial  # a ratio of wall-time rates: another test beside it on a 2-core machine moves it
 def test_the_planted_slowdown_knob_slows_a_variant_by_its_percent() -> None:
     (plain, slow), _ = run_variants(_two([], ["run.planted_slowdown_pct=50"]), say=lambda _t: None)
     ratio = slow.metrics["env_steps_per_sec"]["median"] / plain.metrics["env_steps_per_sec"]["median"]
