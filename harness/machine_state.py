@@ -104,10 +104,11 @@ def busy_cores_now(seconds: float = BEFORE_SAMPLE_S) -> float:
     return meter.busy_cores()
 
 
-def retain_heap(wanted: Iterable[bool]) -> bool:
+def retain_heap(wanted: Iterable[bool]) -> None:
     """Under ``run.heap_retention`` (every arm's), glibc's malloc thresholds fixed high before the
-    arms are built (``allocator``); True when they are fixed, now or by an earlier run."""
-    return heap_retention.retain() if all(wanted) else heap_retention.retained
+    arms are built (``allocator``); ``record`` reports whether they are."""
+    if all(wanted):
+        heap_retention.retain()
 
 
 def free_cores(busy: float) -> int:
