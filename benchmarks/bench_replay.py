@@ -1,13 +1,13 @@
 """Replay buffers (DQN / IQN): one insert of a vector-env step and one minibatch sample, list
 vs tensor storage, on a buffer filled to capacity with seeded transitions
-(``harness.replay_bench`` builds them, so the suite and ``python -m harness.replay_bench``
+(``harness.analyses.replay_bench`` builds them, so the suite and ``python -m harness.analyses.replay_bench``
 measure the same thing)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.replay_bench import filled_buffer, random_transitions
+from harness.analyses.replay_bench import filled_buffer, random_transitions
 from reference_trainers.common import device as dev
 
 from .common import DEVICES, REPLAY_BATCH_SIZE, REPLAY_CAPACITIES, REPLAY_KINDS, REPLAY_OBS_DIM, \

@@ -11,7 +11,7 @@ All variants of a preset are measured once per benchmark run, interleaved in one
 
 from __future__ import annotations
 
-from harness.runner import run_variants
+from harness.measurement.runner import run_variants
 
 from .common import DEVICES, PARAM_NAMES, PARAMS, PRESETS, VARIANTS, available, skip_unless_available, spec, \
     throughput_overrides

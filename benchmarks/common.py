@@ -15,8 +15,8 @@ import functools
 import gymnasium as gym
 import numpy as np
 
-from harness.presets import specs_for
-from harness.runner import VariantSpec
+from harness.specs.presets import specs_for
+from harness.measurement.runner import VariantSpec
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
 from reference_trainers.common.resolve import resolve_config

@@ -1,11 +1,11 @@
 """rlgauge's public API for your own code (the ``rlgauge`` command lives in ``harness.cli``).
 
-- ``measure(name, out=...)``: measure a training loop in place (``harness.measured_loop``);
+- ``measure(name, out=...)``: measure a training loop in place (``harness.integrations.measured_loop``);
 - ``Trainer`` / ``TrainerFactory``: the contract a trainer given to ``rlgauge run --trainer``
-  fulfils (``harness.own_trainer``).
+  fulfils (``harness.specs.own_trainer``).
 
-For pytest, the ``rlgauge`` fixture (``harness.pytest_plugin``, registered on install); for asv,
-``harness.asv_helpers.trainer_benchmarks``.
+For pytest, the ``rlgauge`` fixture (``harness.integrations.pytest_plugin``, registered on install); for asv,
+``harness.integrations.asv_helpers.trainer_benchmarks``.
 
 Names load on first use, so ``import harness`` stays light.
 """
@@ -16,12 +16,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .measured_loop import Measurement, measure
-    from .own_trainer import OwnTrainerProtocol as Trainer
-    from .own_trainer import TrainerFactory
+    from harness.integrations.measured_loop import Measurement, measure
+    from harness.specs.own_trainer import OwnTrainerProtocol as Trainer
+    from harness.specs.own_trainer import TrainerFactory
 
-_LAZY = {"measure": ("measured_loop", "measure"), "Measurement": ("measured_loop", "Measurement"),
-         "Trainer": ("own_trainer", "OwnTrainerProtocol"), "TrainerFactory": ("own_trainer", "TrainerFactory")}
+_LAZY = {"measure": ("integrations.measured_loop", "measure"),
+         "Measurement": ("integrations.measured_loop", "Measurement"),
+         "Trainer": ("specs.own_trainer", "OwnTrainerProtocol"),
+         "TrainerFactory": ("specs.own_trainer", "TrainerFactory")}
 
 __all__ = ["Measurement", "Trainer", "TrainerFactory", "measure"]
 

@@ -3,7 +3,7 @@
 import sys
 
 try:
-    from .cli import main
+    from harness.cli import main
 except KeyboardInterrupt:  # Ctrl-C while the command is still loading
     print("rlgauge: interrupted", file=sys.stderr)
     raise SystemExit(130) from None

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Valid
 from reference_trainers.common.atomic_file import (UnsafeTargetError, check_folder, check_target, kind_of,
                                                    write_text_atomically)
 
-from .errors import UserError
+from harness.errors import UserError
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "unstable", "failed", "interrupted")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Trainer(Protocol):
-    """What the harness calls on a trainer (``harness.runner``, ``harness.rss_growth``)."""
+    """What the harness calls on a trainer (``harness.measurement.runner``, ``harness.analyses.rss_growth``)."""
 
     @property
     def env_steps(self) -> int:

@@ -49,7 +49,7 @@ def _quiet_machine_for_fair_threads(request: pytest.FixtureRequest, monkeypatch:
     float reduction order) between two runs a test compares. Tests marked ``machine_load`` see
     the real machine."""
     if request.node.get_closest_marker("machine_load") is None:
-        from harness import machine_state
+        from harness.measurement import machine_state
 
         monkeypatch.setattr(machine_state, "busy_cores_now", lambda seconds=0.0: 0.0)
 

@@ -158,10 +158,10 @@ MUTANTS: tuple[Mutant, ...] = (
     # algorithm options
     Mutant("action-repeat-ignored", "env.action_repeat", "reference_trainers/common/envs.py",
            "return ActionRepeat(env, action_repeat) if action_repeat > 1 else env", "return env"),
-    Mutant("heap-retention-never-fixed", "run.heap_retention", "harness/runner.py",
+    Mutant("heap-retention-never-fixed", "run.heap_retention", "harness/measurement/runner.py",
            "    retain_heap(l.resolution.config.run.heap_retention for l in lives)\n", "",
            tests=("tests/test_allocator.py",)),
-    Mutant("heap-retention-mallopt-skipped", "run.heap_retention", "harness/allocator.py",
+    Mutant("heap-retention-mallopt-skipped", "run.heap_retention", "harness/measurement/allocator.py",
            "self.retained = bool(mallopt and mallopt(", "self.retained = bool(mallopt or mallopt(",
            tests=("tests/test_allocator.py",)),
     Mutant("n-step-ignored", "dqn.n_step", "reference_trainers/common/nstep.py",

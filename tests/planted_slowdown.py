@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from harness.cli import main
-from harness.presets import Preset
+from harness.specs.presets import Preset
 from reference_trainers.common.config_files import deep_merge
 
 

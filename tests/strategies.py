@@ -1,7 +1,7 @@
 """Hypothesis strategies: valid flag combinations for an algorithm and device, drawn from the flag registry.
 
 A combination is a dict of dotted config keys -> values that differ from the plain path;
-``harness.parity.combined_class`` says how its numbers may differ from the reference. Every
+``harness.stats.parity.combined_class`` says how its numbers may differ from the reference. Every
 registry flag whose parity class is asked for can be drawn (algorithm options such as PER,
 n-step and action repeat are outcome-class), so a new flag joins the property tests by
 being declared. A drawn combination that the resolver rejects (a blocker, a device that
@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION
+from harness.stats.parity import EXACT, FP_REORDER, REDUCED_PRECISION
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.flags import ALGORITHM, FLAGS, Flag
 from reference_trainers.common.resolve import resolve_config

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY
-from harness.ablate import (ablation_json, arm_specs, flag_effects, markdown_table, parse_expectations, plan_ablation,
+from harness.analyses.ablate import (ablation_json, arm_specs, flag_effects, markdown_table, parse_expectations, plan_ablation,
                             verdict, verdict_text)
 from harness.cli import main
-from harness.compare import Ratio
-from harness.presets import specs_for
-from harness.runner import rotated
+from harness.stats.compare import Ratio
+from harness.specs.presets import specs_for
+from harness.measurement.runner import rotated
 from reference_trainers.common.resolve import resolve_config
 from results_factory import make_result
 

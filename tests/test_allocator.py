@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-from harness import allocator, machine_state
+from harness.measurement import allocator
+from harness.measurement import machine_state
 from harness.cli import main
-from harness.presets import specs_for
-from harness.runner import run_variants
+from harness.specs.presets import specs_for
+from harness.measurement.runner import run_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_glibc = pytest.mark.skipif(allocator.glibc_mallopt() is None, reason="heap retention sets glibc's thresholds")
@@ -23,7 +24,7 @@ needs_glibc = pytest.mark.skipif(allocator.glibc_mallopt() is None, reason="heap
 _FAULTS = """
 import resource, sys
 import numpy as np
-from harness.allocator import heap_retention
+from harness.measurement.allocator import heap_retention
 if sys.argv[1] == "retained":
     assert heap_retention.retain()
 def steps(count):  # a step's worth of 1 MB arrays, all freed together, as a minibatch's are

@@ -18,8 +18,8 @@ from value_trainers import assert_params_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.parity import FP_REORDER as FP_REORDER_CLASS
-from harness.parity import TOLERANCES
+from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.stats.parity import TOLERANCES
 from reference_trainers.common import analytic
 from reference_trainers.common.config import build_config
 from reference_trainers.common.flags import TUNING

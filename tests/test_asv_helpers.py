@@ -1,4 +1,4 @@
-"""``harness.asv_helpers.trainer_benchmarks``: asv classes for a user's trainer."""
+"""``harness.integrations.asv_helpers.trainer_benchmarks``: asv classes for a user's trainer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from asv_runner.benchmarks._base import get_setup_cache_key
 
-from harness.asv_helpers import trainer_benchmarks
+from harness.integrations.asv_helpers import trainer_benchmarks
 from test_own_trainer import BENCH, TOY
 
 FAST = dict(steps=256, warmup_steps=64, repeats=3)
@@ -54,7 +54,7 @@ def test_each_module_gets_its_own_asv_cache_and_a_second_class_is_refused(projec
     package = project / "userbench"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    header = "from harness.asv_helpers import trainer_benchmarks\n"
+    header = "from harness.integrations.asv_helpers import trainer_benchmarks\n"
     (package / "bench_a.py").write_text(header + "Speed = trainer_benchmarks('bench.yaml', name='Speed')\n")
     (package / "bench_b.py").write_text(header + "Speed = trainer_benchmarks('bench.yaml', name='Speed')\n"
                                         "Again = trainer_benchmarks('bench.yaml', name='Again')\n")

@@ -91,7 +91,7 @@ def test_cached_observations_are_seeded_float32_and_the_same_every_time() -> Non
 
 
 def test_every_throughput_preset_has_a_step_budget_and_ships() -> None:
-    from harness.presets import preset_names
+    from harness.specs.presets import preset_names
 
     assert set(common.PRESETS) <= set(preset_names())
     assert set(common.RUN_STEPS) >= set(common.PRESETS)

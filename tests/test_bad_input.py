@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import COMMANDS, main
-from harness.runs_md import new_file_text
+from harness.report.runs_md import new_file_text
 from results_factory import make_result, write_results
 
 PRESET = "ppo-cartpole"

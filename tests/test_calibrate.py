@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from conftest import TINY
-from harness import calibrate, runner
-from harness.calibrate import (ARMS, PLANTED, Cell, Count, blocks, build_report, evaluate, flagged, recommend,
+from harness.analyses import calibrate
+from harness.measurement import runner
+from harness.analyses.calibrate import (ARMS, PLANTED, Cell, Count, blocks, build_report, evaluate, flagged, recommend,
                                repeats_grid, thresholds_grid, wilson)
 from harness.cli import main
-from harness.compare import Ratio
+from harness.stats.compare import Ratio
 from harness.errors import UserError
-from harness.presets import Preset, specs_for
+from harness.specs.presets import Preset, specs_for
 from results_factory import make_result
 
 TINY_ARGS = [arg for item in TINY if not item.startswith("run.repeats") for arg in ("--set", item)]

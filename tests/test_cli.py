@@ -25,13 +25,13 @@ import yaml
 import reference_trainers.ppo as ppo_module
 from conftest import TINY
 from precision_state import float32_matmul_precision
-from harness import machine_state
+from harness.measurement import machine_state
 from harness.cli import main
 from reference_trainers.common import device as dev
 from reference_trainers.common import numpy_update
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PRESET_DIR = REPO_ROOT / "harness" / "presets"
+PRESET_DIR = REPO_ROOT / "harness" / "specs" / "presets"
 
 
 def sets(overrides: list[str]) -> list[str]:

@@ -15,8 +15,8 @@ from rich.progress import MofNCompleteColumn
 
 import harness.cli as cli
 from harness.cli import build_parser, main
-from harness.presets import list_presets, listing_lines
-from harness.progress import RunProgress
+from harness.specs.presets import list_presets, listing_lines
+from harness.measurement.progress import RunProgress
 
 HINT = " (run with --debug for the traceback)"
 

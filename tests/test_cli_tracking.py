@@ -16,7 +16,7 @@ import pytest
 
 from conftest import TINY
 from harness.cli import main
-from harness.runs_md import COLUMNS, HEADER, new_file_text
+from harness.report.runs_md import COLUMNS, HEADER, new_file_text
 from results_factory import make_result, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Ratios with confidence intervals (``harness.compare``): which interval, what it contains, which runs pair up."""
+"""Ratios with confidence intervals (``harness.stats.compare``): which interval, what it contains, which runs pair up."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.compare import (METRICS, Pair, change, comparison_table, describe_method, file_pairs, independent_ratio,
+from harness.stats.compare import (METRICS, Pair, change, comparison_table, describe_method, file_pairs, independent_ratio,
                              metric_ratio, paired_ratio, state_line, untrustworthy_warning, variant_pairs)
 from harness.errors import UserError
-from harness.matrix import PresetRow, report_markdown
+from harness.analyses.matrix import PresetRow, report_markdown
 from results_factory import machine_state, make_result, write_results
 
 rates = st.lists(st.floats(min_value=1.0, max_value=1e6, allow_nan=False), min_size=1, max_size=9)

@@ -1,4 +1,4 @@
-"""``rlgauge gate --base REF`` (``harness.cross_commit``): the round order, the verdict on synthetic
+"""``rlgauge gate --base REF`` (``harness.analyses.cross_commit``): the round order, the verdict on synthetic
 rates, bad input, and the worktree's life, through a tiny git repository whose fake ``harness``
 writes result files instantly (no real measurement); one real run of ``gate --base HEAD`` is ``slow``."""
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from harness import cross_commit as cc
+from harness.analyses import cross_commit as cc
 from harness.cli import build_parser, main
-from harness.gate import Thresholds
+from harness.analyses.gate import Thresholds
 from harness.results import RunResult
 from results_factory import make_result
 

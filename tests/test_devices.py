@@ -15,12 +15,12 @@ import torch
 from rich.console import Console
 
 from conftest import TINY
-from harness import runner
+from harness.measurement import runner
 from harness.cli import main
-from harness.devices import comparison_table, device_list, specs_on_devices, split_variant, verdict
+from harness.analyses.devices import comparison_table, device_list, specs_on_devices, split_variant, verdict
 from harness.errors import UserError
-from harness.presets import specs_for
-from harness.runner import run_variants
+from harness.specs.presets import specs_for
+from harness.measurement.runner import run_variants
 from reference_trainers.common import device as dev
 from results_factory import make_result
 
@@ -98,7 +98,7 @@ def test_the_table_says_which_device_is_faster_only_with_enough_repeats() -> Non
 
 
 def test_a_verdict_straddling_one_is_within_noise() -> None:
-    from harness.compare import Ratio
+    from harness.stats.compare import Ratio
 
     assert verdict("cpu", "cuda", Ratio(1.01, 0.95, 1.08, "paired", 5)).startswith("within noise")
     assert verdict("cpu", "cuda", None) == "-"

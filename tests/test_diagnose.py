@@ -9,9 +9,9 @@ import torch
 
 from conftest import TINY
 from harness.cli import main
-from harness.diagnose import Facts, advise, env_ceiling, facts_from, phase_shares
-from harness.environment import environment_lines, environment_report, try_compile
-from harness.presets import specs_for
+from harness.analyses.diagnose import Facts, advise, env_ceiling, facts_from, phase_shares
+from harness.measurement.environment import environment_lines, environment_report, try_compile
+from harness.specs.presets import specs_for
 from reference_trainers.common.resolve import resolve_config
 from results_factory import make_result
 

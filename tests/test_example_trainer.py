@@ -240,7 +240,7 @@ class DtypeRecorder(TorchFunctionMode):
 @pytest.mark.parametrize("switches", [{}, {"preallocated_storage": True, "fused_adam": True,
                                            "batched_inference_no_grad": True}], ids=["plain", "optimised"])
 def test_no_float64_anywhere(make, switches) -> None:
-    from harness.sentinels import Float64Sentinel
+    from harness.measurement.sentinels import Float64Sentinel
 
     trainer = make(**switches)
     with DtypeRecorder() as recorder, Float64Sentinel() as dispatched:  # rlgauge's own sentinel sees every kernel

@@ -8,9 +8,9 @@ from typing import Any, Literal, get_origin
 
 import pytest
 
-from harness import flag_docs
-from harness.parity import FLAG_CLASSES, flag_class
-from harness.presets import list_presets, load_preset
+from harness.report import flag_docs
+from harness.stats.parity import FLAG_CLASSES, flag_class
+from harness.specs.presets import list_presets, load_preset
 from reference_trainers.common.config import ConfigError, OptimizationsConfig, TrainConfig, build_config
 from reference_trainers.common.flags import (ALGOS, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, PARITY_CLASSES, REGISTRY,
                                              Flag)
@@ -87,7 +87,7 @@ def test_the_optimisations_schema_is_the_registry() -> None:
 
 def test_docs_flag_reference_is_generated_from_the_registry() -> None:
     text = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
-    assert text == flag_docs.render(), "docs/flags.md is stale: run python -m harness.flag_docs > docs/flags.md"
+    assert text == flag_docs.render(), "docs/flags.md is stale: run python -m harness.report.flag_docs > docs/flags.md"
 
 
 @pytest.mark.parametrize("name", [p.name for p in list_presets()])

@@ -1,4 +1,4 @@
-"""Gate verdicts (``harness.gate``) and its thresholds file: each check fails exactly when it should."""
+"""Gate verdicts (``harness.analyses.gate``) and its thresholds file: each check fails exactly when it should."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import cli
-from harness.gate import (GATES_FILE, Thresholds, check_quality, failed, gate_files, gate_variants, learning_checks,
+from harness.cli import app as cli
+from harness.analyses.gate import (GATES_FILE, Thresholds, check_quality, failed, gate_files, gate_variants, learning_checks,
                           load_thresholds, remeasure_reason, setup_differences, stability_checks, trained_env_steps,
                           underpowered)
 from harness.errors import UserError

@@ -16,13 +16,14 @@ import torch
 from rich.console import Console
 
 from conftest import TINY
-from harness import gpu_monitor, runner
+from harness.measurement import gpu_monitor
+from harness.measurement import runner
 from harness.errors import UserError
-from harness.gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
-from harness.presets import specs_for
-from harness.report import results_table
+from harness.measurement.gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
+from harness.specs.presets import specs_for
+from harness.report.tables import results_table
 from harness.results import RunResult
-from harness.runs_md import format_rows
+from harness.report.runs_md import format_rows
 from results_factory import make_result
 
 MB = 2**20

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from harness.presets import PRESET_DIR, device_kind, load_preset, specs_for
-from harness.runner import run_variants
+from harness.specs.presets import PRESET_DIR, device_kind, load_preset, specs_for
+from harness.measurement.runner import run_variants
 from reference_trainers.common import device as dev
 from reference_trainers.common.flags import REGISTRY
 from reference_trainers.common.resolve import resolve_config

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.interrupts import stop_on_signals
+from harness.measurement.interrupts import stop_on_signals
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS = 2

@@ -17,8 +17,8 @@ from value_trainers import assert_params_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.parity import FP_REORDER as FP_REORDER_CLASS
-from harness.parity import TOLERANCES
+from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.stats.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.resolve import resolve_config
 from reference_trainers.common.speedups import clip_grad_norm

@@ -10,8 +10,8 @@ import pytest
 from conftest import TINY
 
 from harness.cli import main
-import harness.learn as learn_module
-from harness.learn import LESS, SAME, aggregate, bootstrap_difference, compare, final_count, make_grid, on_grid, verdict
+import harness.analyses.learn as learn_module
+from harness.analyses.learn import LESS, SAME, aggregate, bootstrap_difference, compare, final_count, make_grid, on_grid, verdict
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
 SMALL = ["--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet"]
@@ -129,14 +129,14 @@ def test_peer_arm_is_trained_and_compared(tmp_path: Path) -> None:
     data = _load(out)
     assert [(a["name"], a["kind"]) for a in data["arms"]] == [("baseline", "ours"), ("optimized", "ours"),
                                                               ("sb3", "peer")]
-    assert data["arms"][2]["config"]["trainer"] == "harness.peers.sb3:make_trainer"
+    assert data["arms"][2]["config"]["trainer"] == "harness.specs.peers.sb3:make_trainer"
     assert all(c["complete"] for c in data["curves"]["sb3"])
     assert [(v["first"], v["second"]) for v in data["verdicts"][::2]] == [
         ("optimized", "sb3"), ("baseline", "sb3"), ("optimized", "baseline")]
 
 
 def _without_sb3(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import peers
+    from harness.specs import peers
 
     real_import = peers.importlib.import_module
 
@@ -203,7 +203,7 @@ def test_both_variants_learn_alike(tmp_path: Path) -> None:
 
 
 def test_learn_resolves_budget_aware_flags_against_its_step_budget() -> None:
-    from harness.learn import plan_learning
+    from harness.analyses.learn import plan_learning
 
     def compiles(steps: int, *extra: str) -> bool:
         plan = plan_learning("ppo-cartpole-sb3", ["device=cpu", "tuning.compile_break_even_env_steps=30000", *extra],

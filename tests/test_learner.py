@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.parity import FP_REORDER, TOLERANCES
+from harness.stats.parity import FP_REORDER, TOLERANCES
 from precision_state import float32_matmul_precision
 from reference_trainers.common import device as dev
 from reference_trainers.common.config import build_config

@@ -19,9 +19,12 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from harness import diagnose, machine_state, quality, runner
-from harness.presets import specs_for
-from harness.runner import run_variants
+from harness.analyses import diagnose
+from harness.measurement import machine_state
+from harness.stats import quality
+from harness.measurement import runner
+from harness.specs.presets import specs_for
+from harness.measurement.runner import run_variants
 from reference_trainers.common import device as dev
 from conftest import TINY
 

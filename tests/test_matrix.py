@@ -8,8 +8,8 @@ import pytest
 
 from conftest import TINY
 from harness.cli import main
-from harness.matrix import PresetRow, matrix_specs, report_html, report_markdown
-from harness.presets import preset_names
+from harness.analyses.matrix import PresetRow, matrix_specs, report_html, report_markdown
+from harness.specs.presets import preset_names
 from results_factory import make_result
 
 VALUE_TINY = [f"{algo}.{key}={value}" for algo in ("dqn", "iqn")

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from value_trainers import assert_params_close, make, train
 
 from harness.cli import main
-from harness.parity import FP_REORDER as FP_REORDER_CLASS
-from harness.parity import TOLERANCES
+from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.stats.parity import TOLERANCES
 from reference_trainers.common.config import ConfigError, build_config
 from reference_trainers.common.networks import StackedMLPs, mlp
 from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_WASTE, NumpyMLP, column_sums,

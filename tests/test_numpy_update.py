@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from value_trainers import assert_params_close, make
 
-from harness.parity import FP_REORDER as FP_REORDER_CLASS
-from harness.parity import TOLERANCES
+from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
+from harness.stats.parity import TOLERANCES
 from reference_trainers.common import analytic, numpy_update
 from reference_trainers.common.config import build_config
 from reference_trainers.common.learner import flat_gradients

@@ -269,7 +269,7 @@ def test_config_prints_the_users_settings_and_run(project: Path, capsys) -> None
 
 def test_the_public_protocol_accepts_a_users_trainer(project: Path) -> None:
     import harness
-    from harness.own_trainer import load_factory
+    from harness.specs.own_trainer import load_factory
 
     trainer = load_factory("toy_own:make_trainer")({}, device="cpu", seed=1)
     assert isinstance(trainer, harness.Trainer)

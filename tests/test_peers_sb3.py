@@ -13,11 +13,11 @@ pytest.importorskip("stable_baselines3")
 from conftest import TINY  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.errors import UserError  # noqa: E402
-from harness.metrics import TimingProbe  # noqa: E402
-from harness.peers import load_peer  # noqa: E402
+from harness.measurement.metrics import TimingProbe  # noqa: E402
+from harness.specs.peers import load_peer  # noqa: E402
 from harness import Trainer  # noqa: E402
-from harness.peers.sb3 import make_trainer, matching, peer_settings  # noqa: E402
-from harness.presets import specs_for  # noqa: E402
+from harness.specs.peers.sb3 import make_trainer, matching, peer_settings  # noqa: E402
+from harness.specs.presets import specs_for  # noqa: E402
 from reference_trainers.common.resolve import resolve_config  # noqa: E402
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
@@ -165,7 +165,7 @@ def test_run_with_peer_prints_matching_and_ratios_and_records_three_runs(capsys:
     assert [r["variant"] for r in runs] == ["baseline", "optimized", "sb3"]
     assert all(r["status"] == "ok" and len(r["metrics"]["env_steps_per_sec"]["samples"]) == 2 for r in runs)
     peer = runs[2]  # built through the public contract, as a user's own trainer
-    assert peer["algo"] == "custom" and peer["config"]["trainer"] == "harness.peers.sb3:make_trainer"
+    assert peer["algo"] == "custom" and peer["config"]["trainer"] == "harness.specs.peers.sb3:make_trainer"
     assert peer["config"]["config"]["sb3"]["n_epochs"] == runs[0]["config"]["ppo"]["update_epochs"]
 
 
@@ -181,7 +181,7 @@ def test_peer_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]
 
 
 def test_missing_library_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.peers as peers
+    import harness.specs.peers as peers
 
     real_import = peers.importlib.import_module
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.parity import EXACT, TOLERANCES
+from harness.stats.parity import EXACT, TOLERANCES
 from pixel_env import PIXEL_ENV
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev

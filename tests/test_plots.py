@@ -11,8 +11,8 @@ from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
-from harness import plots
-from harness.compare import Ratio
+from harness.report import plots
+from harness.stats.compare import Ratio
 
 FAST = Ratio(2.0, 1.8, 2.2, "paired", 5)
 SLOW = Ratio(0.5, 0.45, 0.55, "paired", 5)

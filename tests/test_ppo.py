@@ -918,7 +918,7 @@ def test_mps_smoke_runs_finite(variant: list[str]) -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("variant", ["baseline", "optimized"])
 def test_ppo_cartpole_learns_both_variants(variant: str, seed: int) -> None:
-    from harness.presets import load_preset
+    from harness.specs.presets import load_preset
 
     data = load_preset("ppo-cartpole").variant_data(variant)
     trainer = PPOTrainer(build_config(data, ["device=cpu", f"seed={seed}"]))

@@ -1,4 +1,4 @@
-"""Shipped presets (``harness/presets/*.yaml``): two variants that differ only in
+"""Shipped presets (``harness/specs/presets/*.yaml``): two variants that differ only in
 implementation flags, a baseline that is every plain path, and valid configs for both.
 
 Iterates over the preset directory, so a preset added later is checked the same way.
@@ -16,8 +16,8 @@ import yaml
 
 from conftest import TINY
 from harness.errors import UserError
-from harness.presets import PRESET_DIR, VARIANTS, list_presets, load_preset, preset_names, specs_for
-from harness.runner import run_variants
+from harness.specs.presets import PRESET_DIR, VARIANTS, list_presets, load_preset, preset_names, specs_for
+from harness.measurement.runner import run_variants
 from reference_trainers.common.atari import register_atari_envs
 from reference_trainers.common.config import ConfigError, OptimizationsConfig
 from reference_trainers.common.resolve import resolve_config
@@ -70,7 +70,7 @@ def _raw(name: str) -> dict[str, Any]:
 
 
 def test_presets_ship_inside_the_package_and_include_ppo_cartpole() -> None:
-    assert PRESET_DIR.parent.name == "harness"
+    assert PRESET_DIR.parent.parent.name == "harness"
     assert "ppo-cartpole" in NAMES
     assert preset_names() == NAMES
 

@@ -63,4 +63,4 @@ def test_the_fixture_gives_gate_verdicts_as_test_outcomes(user_suite: pytest.Pyt
 def test_the_plugin_is_registered_for_users_through_its_entry_point() -> None:
     from importlib.metadata import entry_points
 
-    assert [e.value for e in entry_points(group="pytest11") if e.name == "rlgauge"] == ["harness.pytest_plugin"]
+    assert [e.value for e in entry_points(group="pytest11") if e.name == "rlgauge"] == ["harness.integrations.pytest_plugin"]

@@ -243,7 +243,7 @@ def test_cartpole_without_velocities_observes_position_and_angle() -> None:
 def best_mean_return(recurrent: str, seed: int, budget: int, stop_at: float | None) -> tuple[float, int]:
     """Best mean return over the last 20 episodes within ``budget`` env steps of the preset's
     optimised variant (stopping early once ``stop_at`` is reached)."""
-    from harness.presets import load_preset
+    from harness.specs.presets import load_preset
 
     data = load_preset("ppo-lstm-cartpole-masked").variant_data("optimized")
     overrides = ["device=cpu", f"seed={seed}", f"model.recurrent={recurrent}"]

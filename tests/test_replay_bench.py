@@ -1,4 +1,4 @@
-"""Replay micro-benchmarks (harness/replay_bench.py): every cell measured, rates positive and
+"""Replay micro-benchmarks (harness/analyses/replay_bench.py): every cell measured, rates positive and
 well formed, the buffers really full, and the command line's table and JSON."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.replay_bench import filled_buffer, format_table, main, measure_replay
+from harness.analyses.replay_bench import filled_buffer, format_table, main, measure_replay
 
 
 def test_measure_replay_gives_every_cell_with_positive_rates() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from harness.report import paired_ratio, results_table
+from harness.report.tables import paired_ratio, results_table
 from harness.results import RunResult
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from harness.matrix import PresetRow, write_report
+from harness.analyses.matrix import PresetRow, write_report
 from results_factory import make_result
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Result files (``harness.results``) and the numbers that go into them (``harness.metrics``)."""
+"""Result files (``harness.results``) and the numbers that go into them (``harness.measurement.metrics``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from harness import results as results_module
 from harness.errors import UserError
-from harness.metrics import TimingProbe, latency_percentiles, spread
+from harness.measurement.metrics import TimingProbe, latency_percentiles, spread
 from harness.results import SCHEMA_VERSION, STATUSES, RunResult, check_writable, load_results, save_results
 from reference_trainers.common.probe import PHASES
 

@@ -145,7 +145,7 @@ def test_checkpoint_options_are_checked(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_under_torchrun_each_rank_resumes_from_its_own_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import checkpoints
+    from harness.measurement import checkpoints
     from harness.errors import UserError
 
     monkeypatch.setattr(checkpoints.distributed, "world_size", lambda: 2)

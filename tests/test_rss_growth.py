@@ -1,4 +1,4 @@
-"""Host memory growth (``harness.rss_growth``): the slope is measured right, a planted leak is caught,
+"""Host memory growth (``harness.analyses.rss_growth``): the slope is measured right, a planted leak is caught,
 and (slow) the shipped presets stay under 5 % RSS growth per 100k env steps after warm-up."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY
-from harness.rss_growth import LIMIT_PCT, growth_per_100k, leak_free_warmup, measure_in_fresh_process, measure_rss_growth
+from harness.analyses.rss_growth import LIMIT_PCT, growth_per_100k, leak_free_warmup, measure_in_fresh_process, measure_rss_growth
 from reference_trainers import IterationResult
 from reference_trainers.common.config import build_config
 from reference_trainers.ppo import PPOTrainer
@@ -61,7 +61,7 @@ VALUE_BASED_SMALL_REPLAY = {"dqn": ["dqn.buffer_size=2500"], "iqn": ["iqn.buffer
 @pytest.mark.parametrize("preset", ["ppo-cartpole", "dqn-cartpole", "iqn-cartpole"])
 def test_presets_grow_host_memory_less_than_the_limit_after_warm_up(preset: str, variant: str) -> None:
     """A 24k-step window after warm-up (replay shrunk to 2,500 so it fills and turns over sooner); the
-    full check over every preset and 100k steps is ``python -m harness.rss_growth``."""
+    full check over every preset and 100k steps is ``python -m harness.analyses.rss_growth``."""
     # one torch thread: beside the other test workers, a second thread only spins (memory is what is measured)
     result = measure_in_fresh_process(preset, variant, steps=24_000, samples=11,
                                       overrides=("device=cpu", "optimizations.torch_threads=1",

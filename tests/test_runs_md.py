@@ -1,4 +1,4 @@
-"""RUNS.md (``harness.runs_md``): rows, and an append that is locked, atomic and never rewrites a row."""
+"""RUNS.md (``harness.report.runs_md``): rows, and an append that is locked, atomic and never rewrites a row."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 from filelock import FileLock
 from results_factory import make_result
 
-from harness import runs_md
+from harness.report import runs_md
 from harness.errors import UserError
 from harness.results import load_results, save_results
-from harness.runs_md import (
+from harness.report.runs_md import (
     COLUMNS,
     HEADER,
     append_rows,
@@ -192,7 +192,7 @@ def test_a_record_killed_mid_write_leaves_a_valid_file_and_frees_the_lock(tmp_pa
     script = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(REPO_ROOT / 'tests')!r})
-        from harness import runs_md
+        from harness.report import runs_md
         from reference_trainers.common import atomic_file
         from results_factory import make_result
         real_fsync = os.fsync

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from results_factory import make_result
 
-from harness import matrix
+from harness.analyses import matrix
 from harness.cli import main
 from harness.errors import UserError
 from harness.results import check_output_dir, check_writable, load_results, save_results
-from harness.runs_md import append_rows, format_rows, new_file_text
+from harness.report.runs_md import append_rows, format_rows, new_file_text
 from reference_trainers.common import atomic_file
 from reference_trainers.common.atomic_file import UnsafeTargetError, write_atomically, write_text_atomically
 from reference_trainers.common.errors import ConfigError

@@ -13,8 +13,8 @@ import torch
 
 pytest.importorskip("stable_baselines3")
 
-from harness.peers.sb3 import SB3Trainer, make_trainer, peer_settings  # noqa: E402
-from harness.presets import specs_for  # noqa: E402
+from harness.specs.peers.sb3 import SB3Trainer, make_trainer, peer_settings  # noqa: E402
+from harness.specs.presets import specs_for  # noqa: E402
 from reference_trainers.common.resolve import resolve_config  # noqa: E402
 from reference_trainers.common.value_based import linear_epsilon  # noqa: E402
 from reference_trainers.dqn import DQNTrainer  # noqa: E402

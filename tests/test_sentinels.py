@@ -12,7 +12,7 @@ import torch
 
 from conftest import TINY
 from harness.cli import main
-from harness.sentinels import Float64Sentinel, HostSyncCounter
+from harness.measurement.sentinels import Float64Sentinel, HostSyncCounter
 
 PATCHED = ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "to", "numpy")
 

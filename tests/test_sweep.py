@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY
 from harness.cli import main
 from harness.errors import UserError
-from harness.sweep import Param, markdown_table, parse_param, points, series, split_values, sweep_specs
+from harness.analyses.sweep import Param, markdown_table, parse_param, points, series, split_values, sweep_specs
 from reference_trainers.common.resolve import resolve_config
 from results_factory import make_result
 
@@ -107,7 +107,7 @@ def test_sweep_tiny_run_writes_table_json_and_plot(capsys: pytest.CaptureFixture
 
 def _fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``run_variants`` that measures nothing: each spec gets a made-up result; returns the batch sizes."""
-    from harness import runner
+    from harness.measurement import runner
 
     calls: list[int] = []
 
@@ -121,7 +121,7 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_size_text_gives_runs_env_steps_and_a_time_estimate() -> None:
-    from harness.run_size import Size, duration
+    from harness.specs.run_size import Size, duration
 
     assert Size(10_050, 10_050 * 26_624, exact=False).text() == (
         "10,050 runs of about 26,624 env steps each (267,571,200 in all, warm-up included): about 3.1 days "
@@ -147,7 +147,8 @@ def test_sweep_above_the_limit_is_refused_before_anything_is_built(monkeypatch: 
 def test_sweep_above_the_limit_runs_with_yes_and_says_its_size(monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str],
                                                                tmp_path: Path) -> None:
-    from harness import cli_analysis, run_size
+    from harness.cli import analysis_commands as cli_analysis
+    from harness.specs import run_size
 
     monkeypatch.setattr(run_size, "MAX_RUNS", 3)  # a small grid above a small limit: fast
     monkeypatch.setattr(cli_analysis, "MAX_RUNS", 3)
@@ -171,7 +172,8 @@ def test_sweep_below_the_limit_says_nothing_of_its_size(monkeypatch: pytest.Monk
 
 def test_matrix_above_the_limit_runs_with_yes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                               tmp_path: Path) -> None:
-    from harness import matrix, runner
+    from harness.analyses import matrix
+    from harness.measurement import runner
 
     calls = _fake_runs(monkeypatch)
     monkeypatch.setattr(matrix, "run_variants", runner.run_variants)  # matrix imported it by name

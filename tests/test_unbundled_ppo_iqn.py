@@ -18,7 +18,7 @@ from properties.parity_runs import Outcome, assert_clean, assert_parity, train
 
 import reference_trainers.iqn as iqn_mod
 import reference_trainers.ppo as ppo_mod
-from harness.parity import TOLERANCES
+from harness.stats.parity import TOLERANCES
 from reference_trainers.common.flags import EXACT, FP_REORDER, flag
 from reference_trainers.common.networks import StackedMLPs
 from reference_trainers.common.numpy_acting import NumpyMLP

@@ -460,7 +460,7 @@ def test_compile_failure_falls_back_to_eager_and_is_recorded(algo: str, monkeypa
 
 @algos
 def test_sync_free_logging_leaves_one_host_sync_per_vector_step(algo: str) -> None:
-    from harness.sentinels import HostSyncCounter
+    from harness.measurement.sentinels import HostSyncCounter
 
     fast = ["optimizations.batch_inference=true", "optimizations.replay=tensor", "optimizations.sync_free_logging=true",
             "optimizations.optimizer_impl=fused"]
@@ -535,7 +535,7 @@ def test_cuda_graphs_and_pinned_copies_match_eager_on_cuda(algo: str) -> None:
 @pytest.mark.parametrize("variant", ["baseline", "optimized"])
 @algos
 def test_value_based_cartpole_learns_both_variants(algo: str, variant: str, seed: int) -> None:
-    from harness.presets import load_preset
+    from harness.specs.presets import load_preset
 
     data = load_preset(f"{algo}-cartpole").variant_data(variant)
     # one intra-op thread (an fp-reorder setting, not an algorithmic one) keeps the run time independent of

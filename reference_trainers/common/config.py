@@ -249,7 +249,7 @@ class RunConfig(_Section):
     cores other processes leave free, measured just before the run, so that a busy neighbour
     cannot make default-threaded variants spin against it. A quiet machine is unaffected."""
     heap_retention: bool = True
-    """Fix glibc's malloc thresholds high before the arms are built (``harness/allocator.py``), so
+    """Fix glibc's malloc thresholds high before the arms are built (``harness/measurement/allocator.py``), so
     that what the process allocated before cannot decide whether an arm faults its per-step arrays
     in afresh. Every arm of the run shares the setting; false leaves glibc's adaptive thresholds.
     Off Linux/glibc there is nothing to fix."""

@@ -31,7 +31,7 @@ BoolOrAuto = Union[bool, Auto]
 
 EXACT, FP_REORDER, REDUCED_PRECISION, OUTCOME = "exact", "fp-reorder", "reduced-precision", "outcome"
 PARITY_CLASSES = (EXACT, FP_REORDER, REDUCED_PRECISION, OUTCOME)
-"""From the tightest to the loosest (``harness/parity.py`` holds their tolerances)."""
+"""From the tightest to the loosest (``harness/stats/parity.py`` holds their tolerances)."""
 CLASS_PROMISES = {
     EXACT: "parameters and losses equal to the all-plain run's within float32 round-off",
     FP_REORDER: "the same maths with reassociated float ops: parameters within a few ulps per op",

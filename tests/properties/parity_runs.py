@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.parity import REDUCED_PRECISION, TOLERANCES, UpdateAgreement, reduced_precision_agreement
-from harness.sentinels import Float64Sentinel
+from harness.stats.parity import REDUCED_PRECISION, TOLERANCES, UpdateAgreement, reduced_precision_agreement
+from harness.measurement.sentinels import Float64Sentinel
 from reference_trainers import build_trainer
 from reference_trainers.common import device as dev
 from reference_trainers.common.config import build_config
@@ -154,7 +154,7 @@ def tracking(candidate: Outcome, ref: Outcome) -> UpdateAgreement:
 def assert_tracks_float32(candidate: Outcome, ref: Outcome) -> None:
     """Reduced precision: from the same initial parameters, over several updates, the parameter
     change points and reaches where float32's does and the losses stay near float32's
-    (``harness.parity.REDUCED_PRECISION_BOUNDS``)."""
+    (``harness.stats.parity.REDUCED_PRECISION_BOUNDS``)."""
     for name, value in ref.initial.items():
         assert torch.equal(candidate.initial[name], value), f"not the reference's initial {name}: another seed?"
     agreement = tracking(candidate, ref)

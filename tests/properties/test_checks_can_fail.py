@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.parity import EXACT, REDUCED_PRECISION
+from harness.stats.parity import EXACT, REDUCED_PRECISION
 from parity_runs import SEVERAL_UPDATES, assert_clean, assert_parity, reference, train
 from reference_trainers import ppo
 from reference_trainers.common.learner import Learner, NonFiniteError

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.parity import EXACT, FP_REORDER, OUTCOME, REDUCED_PRECISION
+from harness.stats.parity import EXACT, FP_REORDER, OUTCOME, REDUCED_PRECISION
 from parity_runs import ALGOS, assert_clean, train
 from strategies import as_overrides, optimisation_combos
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness.parity import EXACT, FP_REORDER, REDUCED_PRECISION, combined_class
+from harness.stats.parity import EXACT, FP_REORDER, REDUCED_PRECISION, combined_class
 from parity_runs import ALGOS, PIXEL_ALGOS, SEVERAL_UPDATES, assert_clean, assert_parity, reference, train
 from strategies import as_overrides, optimisation_combos, parity_settings
 
@@ -46,7 +46,7 @@ def test_fp_reorder_flags_stay_within_reassociation_error(algo: str, device: str
 def test_reduced_precision_tracks_float32_over_several_updates(algo: str, device: str, data: st.DataObject,
                                                                seed: int) -> None:
     """Finite, and over several updates the parameter change and the losses follow float32's
-    (``harness.parity.REDUCED_PRECISION_BOUNDS``); combinations without a reduced-precision flag
+    (``harness.stats.parity.REDUCED_PRECISION_BOUNDS``); combinations without a reduced-precision flag
     are the other tests' business. Ten examples, fewer than the other classes, keep the suite's
     time now that each trains two iterations (6 to 13 updates) rather than one update."""
     combo = data.draw(optimisation_combos(algo=algo, device=device, classes=(EXACT, FP_REORDER, REDUCED_PRECISION)))

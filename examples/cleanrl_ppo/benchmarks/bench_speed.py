@@ -3,7 +3,7 @@ per 1k env steps and peak memory of both variants in bench.yaml, from one interl
 
 from pathlib import Path
 
-from harness.asv_helpers import trainer_benchmarks
+from harness.integrations.asv_helpers import trainer_benchmarks
 
 BENCH = Path(__file__).resolve().parents[1] / "bench.yaml"
 

@@ -1,0 +1,332 @@
+"""The analysis commands: ``ablate``, ``sweep``, ``diagnose``, ``matrix``, ``learn`` (parsers and ``cmd_*``).
+
+Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagnose.py``,
+``matrix.py``, ``learn.py``); all take the run options and turn bad input into ``UserError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness.cli.options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from harness.errors import UserError
+from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
+from harness.specs.presets import VARIANTS, specs_for
+from harness.results import save_results
+from harness.specs.run_size import MAX_ENV_STEPS, MAX_RUNS, check_size, size_of
+
+_YES_HELP = (f"run even above the size limit ({MAX_RUNS} runs or {MAX_ENV_STEPS:,} env steps in all); "
+             "without it a larger command is refused with its size and a time estimate")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """ablate, sweep, diagnose, matrix: the analysis commands (each takes the run options)."""
+    ablate = sub.add_parser("ablate", help="attribute the speedup to each optimisation flag (all arms interleaved)",
+                            description="Attribute a preset's speedup to each optimisation flag: each flag alone on "
+                                        "the baseline and each left out of the full stack, all arms interleaved in "
+                                        "one process, with paired ratios and their intervals.")
+    ablate.add_argument("target", metavar="PRESET|FILE.yaml",
+                        help="a preset name (see 'rlgauge presets') or a YAML config file")
+    ablate.add_argument("--flags", metavar="a,b,...", help="only these flags (default: every flag the variants differ in)")
+    ablate.add_argument("--expect", metavar="FLAG=1.5x,...", help="expected speedup of flags alone, shown beside the measured one")
+    run_options(ablate, steps_default="8192 for ablate", repeats_default="5 for ablate")
+    ablate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: ablation-PRESET/)")
+    ablate.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
+
+    sweep = sub.add_parser("sweep", help="throughput across values of a config key (two --param: a grid), interleaved",
+                           description="Measure throughput across the values of a config key (a second --param "
+                                       "makes a grid), every point interleaved in one process; writes a table, "
+                                       "a chart and the runs.")
+    sweep.add_argument("target", metavar="PRESET|FILE.yaml",
+                       help="a preset name (see 'rlgauge presets') or a YAML config file")
+    sweep.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="a dotted config key and its values, each parsed like --set; a second --param makes a grid")
+    sweep.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant swept (default: optimized)")
+    run_options(sweep, steps_default="8192 for sweep")
+    sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.add_argument("--yes", action="store_true", help=_YES_HELP)
+
+    diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice",
+                              description="Report the machine (versions, devices, whether torch.compile works), "
+                                          "then profile a short run of a preset against the env-only ceiling and "
+                                          "advise which flags to try.")
+    diagnose.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
+                          help="what to profile (default: ppo-cartpole)")
+    diagnose.add_argument("--variant", choices=VARIANTS, default="baseline",
+                          help="the variant profiled (default: baseline, the plain paths)")
+    run_options(diagnose, steps_default="4096 for diagnose", repeats_default="1 for diagnose")
+    diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
+
+    matrix = sub.add_parser("matrix", help="every preset, both variants: one Markdown + HTML report with charts",
+                            description="Measure both variants of every preset (or of --presets), then write one "
+                                        "Markdown and HTML report with the speedups, charts and stability.")
+    matrix.add_argument("--presets", metavar="a,b,...", help="only these presets (default: all)")
+    run_options(matrix, steps_default="8192 for matrix")
+    matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
+    matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
+    matrix.add_argument("--yes", action="store_true", help=_YES_HELP)
+
+    calibrate = sub.add_parser("calibrate", help="the throughput gate's false alarms and detection rate on this "
+                               "machine (A/A and planted slowdowns, interleaved); recommends --repeats and --max-slowdown",
+                              description="Measure the throughput gate's false alarms (A/A runs) and detection rate "
+                                          "(planted slowdowns) on this machine, and recommend --repeats and "
+                                          "--max-slowdown for it.")
+    calibrate.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
+                           help="what to measure (default: ppo-cartpole)")
+    calibrate.add_argument("--variant", choices=VARIANTS, default="optimized", help="the variant measured (default: optimized)")
+    calibrate.add_argument("--trials", type=int, default=100, help="trials at the largest --repeats-grid value (default: 100)")
+    calibrate.add_argument("--repeats-grid", default="3,5,7,9", metavar="R1,R2,...",
+                           help="repeats per gated run to evaluate, each >= 3 (default: 3,5,7,9)")
+    calibrate.add_argument("--thresholds-grid", default="5,10,15,20", metavar="T1,T2,...",
+                           help="--max-slowdown percentages to evaluate (default: 5,10,15,20)")
+    calibrate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a config value (repeatable)")
+    calibrate.add_argument("--device", help="auto | cpu | cuda[:N] | mps (default: the preset's)")
+    calibrate.add_argument("--steps", type=int, help="timed env steps of each round (default: 2048)")
+    calibrate.add_argument("--seed", type=int, help="random seed")
+    calibrate.set_defaults(repeats=None)  # rounds come from --trials and --repeats-grid
+    calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: calibrate-PRESET/)")
+    calibrate.add_argument("--quiet", action="store_true", help="no progress bar or time estimate")
+
+    learn = sub.add_parser("learn", help="learning curves of both variants (and a peer) over seeds, with a verdict",
+                           description="Train a preset's baseline and optimized variants (and a peer library with "
+                                       "--peer) interleaved, over several seeds, and write their learning curves "
+                                       "(median and interquartile band), a chart and a verdict per comparison: the "
+                                       "bootstrap interval of the difference in final return and in area under the "
+                                       "curve. Exit 1 when a comparison learns less.")
+    learn.add_argument("target", metavar="PRESET|FILE.yaml",
+                       help="a preset name (see 'rlgauge presets') or a YAML config file with baseline and optimized")
+    learn.add_argument("--peer", metavar="NAME", help="also train a peer library on matched settings (sb3: "
+                       "Stable-Baselines3; needs pip install 'rlgauge[peers]')")
+    learn.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
+                       help=f"seeds per arm, --seed .. --seed+N-1 (default: {DEFAULT_SEEDS}; at least {MIN_SEEDS}, "
+                            "and 3 for a verdict)")
+    learn.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S",
+                       help=f"env steps each arm trains for, per seed (default: {DEFAULT_STEPS:,})")
+    learn.add_argument("--seed", type=int, default=1, metavar="FIRST", help="the first seed (default: 1)")
+    learn.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value of every arm, e.g. --set env.num_envs=8 (repeatable)")
+    learn.add_argument("--device", help=DEVICE_HELP)
+    learn.set_defaults(repeats=None)  # seeds, not repeats
+    learn.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: learn-PRESET/)")
+    learn.add_argument("--quiet", action="store_true", help="no progress bar or summary lines")
+
+
+def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
+    return (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr))
+
+
+def _with_defaults(args: argparse.Namespace, **defaults: object) -> list[str]:
+    """``_overrides`` preceded by command defaults (``run.steps=...``) that the user's options override."""
+    return [f"{key}={value}" for key, value in defaults.items()] + user_overrides(args)
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from harness.analyses import ablate
+    from harness.report.plots import ablation_chart
+    from reference_trainers.common.atomic_file import write_text_atomically
+
+    from harness.results import check_output_dir
+    from harness.measurement.runner import run_variants
+
+    overrides = _with_defaults(args, **{"run.steps": ablate.ABLATE_DEFAULT_STEPS, "run.repeats": 5})
+    only = [name for name in args.flags.split(",") if name.strip()] if args.flags is not None else None
+    if only is not None and not only:
+        raise UserError("--flags: give at least one flag name, e.g. --flags batch_inference,torch_threads")
+    plan = ablate.plan_ablation(args.target, overrides, only)
+    expected = ablate.parse_expectations(args.expect, plan)
+    out = check_output_dir(args.out or Path(f"ablation-{plan.preset}"),
+                           files=("runs.json", "ablation.json", "ablation.png"))
+    specs = ablate.arm_specs(plan, args.target, overrides)
+    say = _say(args)
+    say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
+        + ", ".join(spec.variant for spec in specs))
+    _note_no_power(specs, "the verdicts")
+    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    save_results(out / "runs.json", runs)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    _warn_untrustworthy(runs)
+    effects = ablate.flag_effects(plan, runs, expected)
+    print(ablate.markdown_table(plan, runs, effects))
+    write_text_atomically(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
+    ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
+                   [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
+    say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
+    return _status_code(runs)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from harness.analyses import sweep
+    from harness.report.plots import sweep_chart
+    from reference_trainers.common.atomic_file import write_text_atomically
+
+    from harness.results import check_output_dir
+    from harness.measurement.runner import run_variants
+
+    params = [sweep.parse_param(text) for text in args.params]
+    overrides = _with_defaults(args, **{"run.steps": sweep.SWEEP_DEFAULT_STEPS})
+    smaller = "fewer --param values, --steps or --repeats"
+    if sweep.grid_size(params) > MAX_RUNS and not args.yes:  # refused before 10,000 points are built
+        check_size("sweep", sweep.extrapolated_size(args.target, args.variant, params, overrides), False,
+                   _say(args), smaller)
+    specs = sweep.sweep_specs(args.target, args.variant, params, overrides)
+    check_size("sweep", size_of(spec.config for spec in specs), args.yes, _say(args), smaller)
+    preset = specs[0].preset
+    out = check_output_dir(args.out or Path(f"sweep-{preset}"), files=("runs.json", "sweep.json", "sweep.png"))
+    from harness.measurement.runner import resolve_specs
+
+    device = resolve_specs(specs[:1])[0].device
+    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
+    if len(params) > 1:
+        _note_no_power(specs, "the fastest point of each row")
+    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    save_results(out / "runs.json", runs)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    _warn_untrustworthy(runs)
+    points = sweep.points(params, runs)
+    title = f"Sweep: {preset} ({args.variant}) on {device}"
+    print(sweep.markdown_table(title, params, points))
+    write_text_atomically(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
+    sweep_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
+    _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
+    return _status_code(runs)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from harness.analyses import diagnose
+    from harness.measurement.environment import environment_lines, environment_report
+    from harness.measurement.runner import run_variants
+
+    overrides = _with_defaults(args, **{"run.steps": diagnose.DIAGNOSE_DEFAULT_STEPS, "run.repeats": 1})
+    (spec,) = specs_for(args.target, args.variant, overrides)
+    from harness.measurement.runner import resolve_specs
+
+    (resolution,) = resolve_specs([spec])
+    text = not args.json
+    env_report = environment_report(compile_device=resolution.device.type, check_compile=not args.no_compile_check)
+    if text:
+        print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
+    runs, interrupted = run_variants([spec], show_progress=text and sys.stderr.isatty(), say=lambda _t: None)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    run = runs[0]
+    if run.status == "failed":
+        raise UserError(f"diagnose {args.target}: the profiled run failed: {run.error}")
+    ceiling = diagnose.env_ceiling(resolution.config, resolution.config.run.steps)
+    compiled = env_report.get("torch_compile")
+    result = diagnose.diagnosis(run, ceiling, None if compiled is None else compiled["works"])
+    if args.json:
+        print(json.dumps({"environment": env_report, "diagnosis": result}, indent=2))
+    else:
+        print("\n## Diagnosis\n" + "\n".join(diagnose.diagnosis_lines(result)))
+    return _status_code(runs)
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from harness.analyses import matrix
+    from harness.results import check_output_dir
+
+    names = None if args.presets is None else [n.strip() for n in args.presets.split(",") if n.strip()]
+    if names is not None and not names:
+        raise UserError("--presets: give at least one preset name (see 'rlgauge presets')")
+    overrides = _with_defaults(args, **{"run.steps": matrix.MATRIX_DEFAULT_STEPS})
+    plan = matrix.matrix_specs(names, overrides)
+    check_size("matrix", size_of(spec.config for specs in plan.values() for spec in specs), args.yes, _say(args),
+               "fewer --presets, --steps or --repeats")
+    out = check_output_dir(args.out or Path("rlgauge-matrix"), files=("runs.json", "report.md", "report.html",
+                                                                   matrix.SPEEDUP_CHART, matrix.THROUGHPUT_CHART))
+    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args))
+    runs = [run for row in rows for run in row.runs]
+    save_results(out / "runs.json", runs)
+    matrix.write_report(out, rows)
+    if interrupted:
+        print(f"rlgauge: interrupted; partial report written to {out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(matrix.report_markdown(rows, charts=False))
+    _say(args)(f"report written to {out}/ (report.md, report.html, {matrix.SPEEDUP_CHART}, "
+               f"{matrix.THROUGHPUT_CHART}, runs.json)")
+    return _status_code(runs)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from harness.analyses.calibrate import run_command
+
+    return run_command(args)
+
+
+def cmd_learn(args: argparse.Namespace) -> int:
+    from harness.analyses import learn
+    from harness.measurement.interrupts import stop_on_signals
+    from harness.stats.power import MIN_REPEATS
+    from harness.results import check_output_dir
+
+    # learn's --steps and --seed are its budget and first seed, not run.steps and seed
+    overrides = user_overrides(argparse.Namespace(**{**vars(args), "steps": None, "seed": None}))
+    plan = learn.plan_learning(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
+                               first_seed=args.seed)
+    out = check_output_dir(args.out or Path(f"learn-{plan.preset}"), files=learn.FILES)
+    say = _say(args)
+    say(f"learn {plan.preset}: {', '.join(arm.name for arm in plan.arms)} interleaved, {len(plan.seeds)} seeds x "
+        f"{plan.steps:,} env steps each, on {plan.arms[0].resolutions[0].device}")
+    if len(plan.seeds) < MIN_REPEATS:
+        print(f"rlgauge: note: the verdicts will read '{learn.no_verdict(len(plan.seeds))}'; learn with --seeds "
+              f"{MIN_REPEATS} or more", file=sys.stderr)
+    with stop_on_signals() as signals:  # Ctrl-C: stop, then write what was recorded (not cut short)
+        record = learn.run_learning(plan, show_progress=not args.quiet and sys.stderr.isatty())
+        signals.hold()
+        data = learn.summary(plan, record)
+        learn.write_outputs(out, data)
+    print(learn.markdown(data), end="")
+    if record.interrupted:
+        print(f"rlgauge: interrupted; what was recorded is written to {out}/", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    say(f"learning written to {out}/ ({', '.join(learn.FILES)})")
+    for reason in record.quality.get("reasons", []):
+        print(f"rlgauge: warning: {plan.preset}: wall seconds not trustworthy: {reason}", file=sys.stderr)
+    less = learn.failed_verdicts(data)
+    if less:
+        print(f"rlgauge: learns less: {', '.join(less)}", file=sys.stderr)
+        after = plan.seeds[-1] + 1
+        print(f"rlgauge: note: a batch of seeds can be lucky or not; before calling the gap real, check it on "
+              f"other seeds: --seed {after} --seeds {len(plan.seeds)}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if less or learn.failed_curves(data) else EXIT_OK  # a failed run was logged as it failed
+
+
+def _note_no_power(specs: list, what: str) -> None:
+    """Before measuring: say so when the repeats are too few for ``what`` (ablate, sweep)."""
+    from harness.stats.power import MIN_REPEATS, has_power, no_verdict
+
+    repeats = min(spec.config.run.repeats for spec in specs)
+    if not has_power(repeats):
+        print(f"rlgauge: note: {what} will read '{no_verdict(repeats)}'; measure with --repeats {MIN_REPEATS} "
+              "or more", file=sys.stderr)
+
+
+def _warn_untrustworthy(runs: list) -> None:
+    """After measuring (ablate, sweep): one warning line per run whose quality verdict says it is not trustworthy."""
+    from harness.stats.compare import untrustworthy_warning
+
+    for run in runs:
+        warning = untrustworthy_warning(f"{run.preset}/{run.variant}", run)
+        if warning is not None:
+            print(warning, file=sys.stderr)
+
+
+def _status_code(runs: list) -> int:
+    bad = [r for r in runs if r.status != "ok"]
+    for result in bad:
+        print(f"rlgauge: {result.variant} run is {result.status}: {result.error or result.stability}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if bad else EXIT_OK
+
+
+COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix,
+            "calibrate": cmd_calibrate, "learn": cmd_learn}

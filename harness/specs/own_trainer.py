@@ -1,0 +1,311 @@
+"""Your own trainer, measured as rlgauge measures its own: the public contract and its adapter.
+
+A user's module provides a factory::
+
+    def make_trainer(config: dict, *, device: str, seed: int) -> Trainer: ...
+
+``config`` is the variant's merged ``config:`` section (plain YAML data, the user's own keys);
+the object returned has ``iterate() -> int`` (env steps it took, or an object with an
+``env_steps`` attribute) and ``close()``. Optional: ``mean_recent_return()``,
+``state_dict()`` / ``load_state_dict()`` (checkpoints), and phase reporting through the probe the
+harness passes (a ``probe`` keyword of the factory, or a ``set_probe(probe)`` method):
+``with probe.phase("env"): ...`` for env, inference, update, transfer, logging.
+
+``load_factory`` imports ``MODULE:ATTRIBUTE`` (from the current folder, the YAML file's folder
+or ``PYTHONPATH``); ``build_own_config`` validates the variant's data and ``--set`` overrides;
+``OwnTrainer`` dresses the user's object as the harness's ``Trainer`` (the runner measures it
+like the reference trainers: interleaved repeats, CPU time, sentinels, checkpoints). Bad input
+is a ``UserError`` (exit 2, one line naming the module, the attribute and what is expected).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from reference_trainers.common.config import RunConfig, config_error_from
+from reference_trainers.common.config_files import apply_overrides, deep_merge, parse_override
+from reference_trainers.common.errors import ConfigError
+
+from harness.errors import UserError
+
+ALGO = "custom"
+"""The ``algo`` recorded for a user's trainer (results, RUNS.md)."""
+FACTORY_SIGNATURE = "make_trainer(config: dict, *, device: str, seed: int) -> an object with iterate() and close()"
+RESERVED = ("run", "device", "seed")
+"""``--set`` keys that address rlgauge (``run.*``, ``device``, ``seed``); any other key is the user's
+(``config.KEY`` addresses a user key of the same name)."""
+
+
+@runtime_checkable
+class OwnTrainerProtocol(Protocol):
+    """What rlgauge needs from a user's trainer (the optional methods are listed in the module doc)."""
+
+    def iterate(self) -> int:
+        """One chunk of training (a rollout and its update, or N env steps); the env steps it took."""
+
+    def close(self) -> None:
+        """Release envs, workers and files."""
+
+
+class TrainerFactory(Protocol):
+    def __call__(self, config: dict[str, Any], *, device: str, seed: int) -> OwnTrainerProtocol: ...
+
+
+# --------------------------------------------------------------------------- the config of one variant
+
+@dataclass(frozen=True)
+class _Threads:
+    torch_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class _Envs:
+    num_envs: int = 1
+    id: str | None = None
+
+
+@dataclass
+class OwnConfig:
+    """One variant of a user's trainer: the factory's name, the user's settings and rlgauge's ``run``."""
+
+    trainer: str
+    settings: dict[str, Any]
+    run: RunConfig = field(default_factory=RunConfig)
+    device: str = "auto"
+    seed: int = 1
+    algo: str = ALGO
+    optimizations: _Threads = field(default_factory=_Threads)
+    """Torch threads are the trainer's own business: torch's default (capped under fair threads)
+    until its factory sets them; the adapter keeps what the factory left in force."""
+
+    @property
+    def env(self) -> _Envs:
+        """``num_envs`` from the user's settings where it is a positive integer (host syncs per vector step)."""
+        count = self.settings.get("num_envs")
+        ok = isinstance(count, int) and not isinstance(count, bool) and count > 0
+        return _Envs(num_envs=count if ok else 1)
+
+    def plain(self) -> dict[str, Any]:
+        """The result file's ``config``: the factory, device, seed, ``run`` and the user's ``config``."""
+        return {"trainer": self.trainer, "device": self.device, "seed": self.seed,
+                "run": self.run.model_dump(mode="json"), "config": deep_merge({}, self.settings)}
+
+
+def build_own_config(trainer: str, data: dict[str, Any], overrides: list[str], source: str) -> OwnConfig:
+    """Validate a variant (``config`` merged with the variant's keys, plus the file's ``run``,
+    ``device`` and ``seed``) and the ``--set`` overrides into an ``OwnConfig``."""
+    settings = data.get("config") or {}
+    run = data.get("run") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{source}: config must be a mapping of your trainer's settings")
+    if not isinstance(run, dict):
+        raise ConfigError(f"{source}: run must be a mapping (steps, warmup_steps, repeats, ...)")
+    top = {"device": data.get("device", "auto"), "seed": data.get("seed", 1)}
+    user_sets, own_sets = [], []
+    for text in overrides:
+        path, _ = parse_override(text)
+        if path[0] == "config" and len(path) > 1:
+            user_sets.append(text.split(".", 1)[1])
+        elif path[0] in RESERVED:
+            own_sets.append(text)
+        else:
+            user_sets.append(text)
+    own = apply_overrides({**top, "run": run}, own_sets)
+    try:
+        run_config = RunConfig.model_validate(own["run"])
+    except Exception as exc:  # pydantic's ValidationError: one line naming run.KEY
+        raise _run_error(exc) from None
+    device, seed = own["device"], own["seed"]
+    if not isinstance(device, str):
+        raise ConfigError(f"device: invalid value {device!r}: expected auto, cpu, cuda[:N] or mps")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise ConfigError(f"seed: invalid value {seed!r}: expected an integer in [0, 2**31 - 1]")
+    return OwnConfig(trainer, apply_overrides(settings, user_sets), run_config, device, seed)
+
+
+def _run_error(exc: Exception) -> ConfigError:
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return ConfigError(f"run: {exc}")
+    first = exc.errors()[0]
+    if first["type"] == "extra_forbidden":
+        key = ".".join(str(part) for part in first["loc"])
+        return ConfigError(f"run.{key}: unknown key (accepted in run: {', '.join(RunConfig.model_fields)})")
+    error = config_error_from(exc)
+    return ConfigError(f"run.{error}" if not str(error).startswith("run.") else str(error))
+
+
+# --------------------------------------------------------------------------- finding the factory
+
+def load_factory(text: str, search: list[Path] | None = None) -> Callable[..., Any]:
+    """Import ``MODULE:ATTRIBUTE`` (dotted attributes allowed) from the current folder, ``search``
+    folders or ``PYTHONPATH``; ``UserError`` naming what is wrong and what is expected."""
+    module_name, sep, attribute = text.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UserError(f"--trainer {text!r}: expected MODULE:ATTRIBUTE, e.g. my_pkg.train:make_trainer "
+                        f"(a factory {FACTORY_SIGNATURE})")
+    for folder in [Path.cwd(), *(search or [])]:
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UserError(f"--trainer {text}: no module named {module_name!r} in the current folder, the config "
+                            f"file's folder or PYTHONPATH; expected an importable module") from None
+        raise UserError(f"--trainer {text}: importing {module_name} failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import is bad input
+        raise UserError(f"--trainer {text}: importing {module_name} raised {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())}") from None
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise UserError(f"--trainer {text}: module {module_name} has no attribute {attribute!r}; expected a "
+                            f"factory {FACTORY_SIGNATURE}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise UserError(f"--trainer {text}: {attribute} is a {type(target).__name__}, not callable; expected a "
+                        f"factory {FACTORY_SIGNATURE}")
+    return target
+
+
+def _takes_probe(factory: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "probe" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+# --------------------------------------------------------------------------- the adapter
+
+def step_count(value: Any, label: str) -> tuple[int, int, int]:
+    """``(env_steps, agent_steps, updates)`` from what ``iterate()`` returned: a positive int, or an
+    object with a positive int ``env_steps`` (``agent_steps`` and ``updates`` read where present)."""
+    steps = getattr(value, "env_steps", value)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise UserError(f"{label}: iterate() returned {_short(value)}; expected the env steps it took, a positive "
+                        "int (or an object with a positive int env_steps)")
+    agent = getattr(value, "agent_steps", steps)
+    updates = getattr(value, "updates", 1)
+    return steps, agent if isinstance(agent, int) and agent > 0 else steps, updates if isinstance(updates, int) else 1
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class OwnTrainer:
+    """A user's trainer as the harness's ``Trainer``: counts steps and iterations, keeps the torch
+    threads its factory left in force (variants interleave in one process), passes the probe."""
+
+    measures_latency = False
+    """No ``select_actions``: inference latency is not measured (the phase split still is)."""
+
+    def __init__(self, factory: Callable[..., Any], config: OwnConfig, device: Any, probe: Any) -> None:
+        import torch
+
+        from reference_trainers.common import device as dev
+
+        self.label, self.config = config.trainer, config
+        dev.apply_threads(None)  # torch's default (capped under fair threads) unless the factory says otherwise
+        kwargs: dict[str, Any] = {"device": str(device), "seed": config.seed}
+        if _takes_probe(factory):
+            kwargs["probe"] = probe
+        made = factory(deep_merge({}, config.settings), **kwargs)
+        missing = [name for name in ("iterate", "close") if not callable(getattr(made, name, None))]
+        if missing:
+            raise UserError(f"--trainer {self.label}: it returned {type(made).__name__}, which has no "
+                            f"{' or '.join(m + '()' for m in missing)}; expected an object with iterate() -> int and "
+                            "close()")
+        if "probe" not in kwargs and callable(getattr(made, "set_probe", None)):
+            made.set_probe(probe)
+        self.inner = made
+        self.torch_threads = torch.get_num_threads()
+        self.env_steps = 0
+        self.iterations = 0
+
+    def activate(self) -> None:
+        import torch
+
+        if torch.get_num_threads() != self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
+
+    def iterate(self) -> Any:
+        from reference_trainers.common.trainer import IterationResult
+
+        self.activate()
+        env_steps, agent_steps, updates = step_count(self.inner.iterate(), f"--trainer {self.label}")
+        self.env_steps += env_steps
+        self.iterations += 1
+        return IterationResult(env_steps=env_steps, agent_steps=agent_steps, updates=updates)
+
+    def mean_recent_return(self) -> float | None:
+        method = getattr(self.inner, "mean_recent_return", None)
+        value = method() if callable(method) else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
+    def nonfinite_events(self) -> int:
+        value = getattr(self.inner, "nonfinite_events", 0)
+        return value if isinstance(value, int) else 0
+
+    @property
+    def compile_fallback(self) -> bool:
+        return bool(getattr(self.inner, "compile_fallback", False))
+
+    @property
+    def checkpointable(self) -> bool:
+        return all(callable(getattr(self.inner, name, None)) for name in ("state_dict", "load_state_dict"))
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.checkpointable:
+            raise UserError(f"--trainer {self.label}: checkpoints need state_dict() and load_state_dict() on the "
+                            "trainer; accepted: run without --checkpoint-every / --resume")
+        return {"trainer": self.inner.state_dict(), "env_steps": self.env_steps, "iterations": self.iterations,
+                "config": self.config.plain()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.checkpointable:
+            self.state_dict()  # the same one-line refusal
+        self.inner.load_state_dict(state["trainer"])
+        self.env_steps, self.iterations = int(state["env_steps"]), int(state["iterations"])
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def own_builder(factory_text: str, search: list[Path] | None = None) -> Callable[..., OwnTrainer]:
+    """``VariantSpec.build`` for a user's trainer: the factory is imported now (bad input fails
+    before anything runs), the trainer built when the runner asks."""
+    factory = load_factory(factory_text, search)
+
+    def build(resolution: Any, probe: Any = None) -> OwnTrainer:
+        return OwnTrainer(factory, resolution.config, resolution.device, probe)
+
+    return build
+
+
+@dataclass
+class OwnResolution:
+    """What the runner reads of a resolved variant, for a user's trainer (no flags to resolve)."""
+
+    config: OwnConfig
+    device: Any
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_own(config: OwnConfig) -> OwnResolution:
+    """The variant's device resolved (``auto``: MPS > CUDA > CPU; one not here is a ``DeviceError``)."""
+    from reference_trainers.common import device as dev
+
+    device = dev.resolve_device(config.device)
+    config.device = str(device)
+    return OwnResolution(config, device)

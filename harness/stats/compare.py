@@ -1,0 +1,389 @@
+"""Ratios between two measurements, with a confidence interval from the per-repeat samples.
+
+Which interval depends on how the two runs were measured:
+
+- **paired**: both runs come from one process with their repeats interleaved (the two
+  variants of one result file from ``rlgauge run``, or ``rlgauge gate --run``). Round *i*
+  of the candidate ran beside round *i* of the baseline, so machine drift hits both:
+  the ratio is formed round by round (``c_i / b_i``), the estimate is the median of those
+  ratios and the interval a percentile bootstrap of that median, resampling rounds.
+- **independent**: runs from two result files (two processes, perhaps two commits). The
+  estimate is the ratio of medians, ``median(c) / median(b)``, and the interval a
+  percentile bootstrap resampling each run's samples on its own.
+
+Both use ``RESAMPLES`` resamples from a fixed seed, so the same files always give the same
+interval. With few repeats the interval is honest rather than narrow: with 3 paired rounds
+it is the range of the 3 ratios. Metrics measured once per run (latency percentiles,
+memory) get a plain ratio and no interval.
+
+A verdict (better / worse, confirmed) needs ``power.MIN_REPEATS`` repeats behind its ratio
+and states its resolution (``power.resolution_note``); with fewer, ``change`` says "no
+verdict" and the caption calls the bracket what it is: the range of the ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from rich.markup import escape
+from rich.table import Table
+
+from harness.stats import power
+from harness.errors import UserError
+from harness.results import RunResult
+
+RESAMPLES = 2000
+SEED = 20240607
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``candidate / baseline`` with a confidence interval (low == high == value when there is none)."""
+
+    value: float
+    low: float
+    high: float
+    method: str
+    """``paired`` | ``independent`` | ``single`` (one value per run: no interval)."""
+    n: int
+    """Rounds (paired) or the smaller sample count (independent) behind the interval."""
+
+    def fmt(self) -> str:
+        if self.method == "single":
+            return f"{self.value:.2f}x"
+        return f"{self.value:.2f}x [{self.low:.2f}-{self.high:.2f}]"
+
+
+def _bootstrap_quantiles(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(estimates, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def paired_ratio(base: list[float], cand: list[float], *, confidence: float = CONFIDENCE,
+                 seed: int = SEED) -> Ratio:
+    """Median of the round-by-round ratios ``cand[i] / base[i]``, bootstrap interval over rounds."""
+    pairs = [(b, c) for b, c in zip(base, cand) if b > 0]
+    if not pairs:
+        raise ValueError("no round with a positive baseline sample")
+    ratios = np.array([c / b for b, c in pairs], dtype=np.float64)
+    value = float(np.median(ratios))
+    if len(ratios) == 1:
+        return Ratio(value, value, value, "paired", 1)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(ratios), size=(RESAMPLES, len(ratios)))
+    low, high = _bootstrap_quantiles(np.median(ratios[idx], axis=1), confidence)
+    return Ratio(value, min(low, value), max(high, value), "paired", len(ratios))
+
+
+def independent_ratio(base: list[float], cand: list[float], *, confidence: float = CONFIDENCE,
+                      seed: int = SEED) -> Ratio:
+    """``median(cand) / median(base)`` with a bootstrap interval resampling each side on its own."""
+    b, c = np.asarray(base, dtype=np.float64), np.asarray(cand, dtype=np.float64)
+    if b.size == 0 or c.size == 0 or np.median(b) <= 0:
+        raise ValueError("need samples on both sides and a positive baseline median")
+    value = float(np.median(c) / np.median(b))
+    if b.size == 1 and c.size == 1:
+        return Ratio(value, value, value, "independent", 1)
+    rng = np.random.default_rng(seed)
+    mb = np.median(b[rng.integers(0, b.size, size=(RESAMPLES, b.size))], axis=1)
+    mc = np.median(c[rng.integers(0, c.size, size=(RESAMPLES, c.size))], axis=1)
+    low, high = _bootstrap_quantiles(mc / mb, confidence)
+    return Ratio(value, min(low, value), max(high, value), "independent", int(min(b.size, c.size)))
+
+
+def single_ratio(base: float, cand: float) -> Ratio:
+    return Ratio(cand / base, cand / base, cand / base, "single", 1)
+
+
+# --------------------------------------------------------------------------- which runs to compare
+
+@dataclass(frozen=True)
+class Pair:
+    """Two runs to compare: ``cand`` against ``base``; ``paired`` if their repeats were interleaved."""
+
+    base: RunResult
+    cand: RunResult
+    paired: bool
+
+    @property
+    def label(self) -> str:
+        if (self.base.preset, self.base.variant) == (self.cand.preset, self.cand.variant):
+            return f"{self.cand.preset}/{self.cand.variant}"
+        if self.base.preset == self.cand.preset:
+            return f"{self.cand.preset}: {self.cand.variant} vs {self.base.variant}"
+        return f"{self.cand.preset}/{self.cand.variant} vs {self.base.preset}/{self.base.variant}"
+
+
+def _key(run: RunResult) -> tuple[str, str]:
+    return run.preset, run.variant
+
+
+def _names(runs: list[RunResult]) -> str:
+    return ", ".join(f"{p}/{v}" for p, v in map(_key, runs)) or "no runs"
+
+
+def interleaved(run: RunResult) -> bool:
+    """Whether a run's repeats were interleaved with its file's other runs (``measure`` blocks are not:
+    they run one after another, so their ratios are independent)."""
+    return run.config.get("interleaved", True) is not False
+
+
+def variant_pairs(runs: list[RunResult], source: str = "the result file") -> list[Pair]:
+    """Within one process's runs: each preset's other variants against its ``baseline`` (paired)."""
+    pairs: list[Pair] = []
+    for preset in dict.fromkeys(r.preset for r in runs):
+        group = [r for r in runs if r.preset == preset]
+        base = next((r for r in group if r.variant == "baseline"), group[0])
+        pairs += [Pair(base, r, paired=interleaved(base) and interleaved(r)) for r in group if r is not base]
+    if not pairs:
+        raise UserError(f"{source} holds {_names(runs)}: nothing to compare within it; "
+                        "give a second result file, or a file from 'rlgauge run --variant both'")
+    return pairs
+
+
+def file_pairs(base_runs: list[RunResult], cand_runs: list[RunResult], base_name: str = "A",
+               cand_name: str = "B") -> list[Pair]:
+    """Runs of two files matched by (preset, variant); two single-run files are compared as they are."""
+    by_key = {_key(r): r for r in base_runs}
+    pairs = [Pair(by_key[_key(c)], c, paired=False) for c in cand_runs if _key(c) in by_key]
+    if not pairs and len(base_runs) == 1 and len(cand_runs) == 1:
+        pairs = [Pair(base_runs[0], cand_runs[0], paired=False)]
+    if not pairs:
+        raise UserError(f"{base_name} ({_names(base_runs)}) and {cand_name} ({_names(cand_runs)}) "
+                        "have no preset/variant in common")
+    return pairs
+
+
+# --------------------------------------------------------------------------- metrics
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    higher_is_better: bool | None
+    """None: shown side by side, no ratio (learning progress is not a speed)."""
+    value: Callable[[RunResult], Any]
+    digits: int = 2
+
+
+def _metric(name: str) -> Callable[[RunResult], Any]:
+    return lambda r: r.metrics.get(name)
+
+
+def _latency(pct: str) -> Callable[[RunResult], Any]:
+    return lambda r: (r.metrics.get("inference_latency_ms") or {}).get(pct)
+
+
+RATE_METRICS = ("env_steps_per_sec", "agent_steps_per_sec", "updates_per_sec")
+CPU_METRIC = "cpu_seconds_per_1k_env_steps"
+SAMPLED_METRICS = (*RATE_METRICS, CPU_METRIC)
+"""Metrics with one sample per repeat: their ratios get intervals (paired when the pair is)."""
+METRICS: tuple[Metric, ...] = (
+    *(Metric(key, True, _metric(key), 0) for key in RATE_METRICS),
+    Metric(CPU_METRIC, False, _metric(CPU_METRIC), 3),
+    Metric("inference_latency_ms p50", False, _latency("p50"), 3),
+    Metric("inference_latency_ms p95", False, _latency("p95"), 3),
+    Metric("host_syncs_per_step", False, _metric("host_syncs_per_step")),
+    Metric("peak_host_rss_mb", False, _metric("peak_host_rss_mb"), 0),
+    Metric("peak_device_mem_mb", False, _metric("peak_device_mem_mb"), 0),
+    Metric("warmup_s", False, _metric("warmup_s")),
+    Metric("end_to_end_env_steps_per_sec", True, _metric("end_to_end_env_steps_per_sec"), 0),
+    Metric("end_to_end_s", False, _metric("end_to_end_s")),
+    Metric("mean_return_last_k", None, _metric("mean_return_last_k"), 1),
+)
+
+
+def rate_samples(run: RunResult, key: str) -> list[float] | None:
+    """The per-repeat samples of a sampled metric (a rate, CPU seconds), or None when the run has none."""
+    block = run.metrics.get(key)
+    if not isinstance(block, dict) or not block.get("samples"):
+        return None
+    return [float(s) for s in block["samples"]]
+
+
+def metric_ratio(pair: Pair, metric: Metric, *, confidence: float = CONFIDENCE) -> Ratio | None:
+    """``cand / base`` for one metric, with an interval where it has per-repeat samples."""
+    if metric.higher_is_better is None:
+        return None
+    if metric.key in SAMPLED_METRICS:
+        base, cand = rate_samples(pair.base, metric.key), rate_samples(pair.cand, metric.key)
+        if not base or not cand:
+            return None
+        if pair.paired and len(base) == len(cand):
+            return paired_ratio(base, cand, confidence=confidence)
+        return independent_ratio(base, cand, confidence=confidence)
+    b, c = metric.value(pair.base), metric.value(pair.cand)
+    if isinstance(b, (int, float)) and isinstance(c, (int, float)) and b > 0:
+        return single_ratio(float(b), float(c))
+    return None
+
+
+def change(ratio: Ratio | None, higher_is_better: bool | None) -> str:
+    """Plain words for a ratio with an interval: better / worse only when the whole interval says so,
+    with the resolution of the comparison; no verdict with fewer than ``power.MIN_REPEATS`` repeats."""
+    if ratio is None or higher_is_better is None or ratio.method == "single":
+        return ""  # one value per run: no interval, no verdict
+    if not power.has_power(ratio.n):
+        return power.no_verdict(ratio.n)
+    if ratio.low > 1 or ratio.high < 1:
+        words = ("better" if (ratio.low > 1) == higher_is_better else "worse") + ", confirmed"
+    else:
+        words = "no confirmed change"
+    return f"{words} ({power.resolution_note(ratio)})"
+
+
+def fmt_value(metric: Metric, run: RunResult) -> str:
+    value = metric.value(run)
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        d = metric.digits
+        return f"{value['median']:,.{d}f} [{value['min']:,.{d}f}-{value['max']:,.{d}f}]"
+    if isinstance(value, float):
+        return f"{value:,.{metric.digits}f}"
+    return str(value)
+
+
+def config_differences(base: RunResult, cand: RunResult) -> list[str]:
+    """Dotted config keys whose values differ between two runs."""
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for key, child in value.items():
+                out.update(flat(child, f"{prefix}.{key}" if prefix else str(key)))
+            return out
+        return {prefix: value}
+
+    a, b = flat(base.config), flat(cand.config)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+MACHINE_KEYS = ("cpu", "cores", "torch", "device_name")
+
+
+def machine_differences(base: RunResult, cand: RunResult) -> list[str]:
+    return [k for k in MACHINE_KEYS if base.machine.get(k) != cand.machine.get(k)]
+
+
+def describe_method(pair: Pair, confidence: float = CONFIDENCE, n: int | None = None) -> str:
+    """How the ratios were formed; with ``n`` below ``power.MIN_REPEATS`` repeats the bracket is
+    the range of the ratios, not a confidence interval, and is called so."""
+    level = f"{confidence * 100:g} % bootstrap CI"
+    if n is not None and not power.has_power(n):
+        level = f"{n} repeat{'s' * (n != 1)}: the range of the ratios, not a confidence interval"
+    if pair.paired:
+        return f"paired (repeats interleaved in one process): median of per-round ratios [{level}]"
+    return f"independent (not interleaved: two processes, or runs one after another): ratio of medians [{level}]"
+
+
+def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str | None = None,
+                     base_header: str | None = None, cand_header: str | None = None) -> Table:
+    """Metric rows: both values, ``cand / base`` with its interval, and what that means."""
+    base_header = (base_header or pair.base.variant) + _status(pair.base)
+    cand_header = (cand_header or pair.cand.variant) + _status(pair.cand)
+    ratios = {m.key: metric_ratio(pair, m, confidence=confidence) for m in METRICS}
+    sampled = [r.n for key, r in ratios.items() if key in SAMPLED_METRICS and r is not None]
+    method = describe_method(pair, confidence, min(sampled) if sampled else None)
+    caption = (f"ratio = {cand_header} / {base_header}; {method}. Rates: higher is better; CPU seconds, "
+               "latency, syncs, memory, warm-up: lower is better.")
+    table = Table(title=title or pair.label, caption=caption, caption_justify="left")
+    table.add_column("metric")
+    table.add_column(base_header, justify="right")
+    table.add_column(cand_header, justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("change", no_wrap=True)
+    for metric in METRICS:
+        ratio = ratios[metric.key]
+        cells = (metric.key, fmt_value(metric, pair.base), fmt_value(metric, pair.cand),
+                 "-" if ratio is None else ratio.fmt(), change(ratio, metric.higher_is_better))
+        table.add_row(*(escape(c) for c in cells))
+    stab = lambda r: f"{r.stability.get('float64_ops')} / {r.stability.get('nonfinite_events')}"  # noqa: E731
+    table.add_row("float64_ops / nonfinite_events", stab(pair.base), stab(pair.cand), "", "")
+    return table
+
+
+def _status(run: RunResult) -> str:
+    return "" if run.status == "ok" else f" ({run.status})"
+
+
+# --------------------------------------------------------------------------- each run's machine state and quality
+
+NOT_RECORDED = "not recorded"
+
+
+def _load(state: dict[str, Any]) -> str:
+    before, after = state.get("load_avg_before"), state.get("load_avg_after")
+    if not before or not after:
+        return NOT_RECORDED
+    return f"{before[0]:.2f} -> {after[0]:.2f}"
+
+
+def _others_share(state: dict[str, Any]) -> str:
+    share = state.get("others_cpu_share") or {}
+    if share.get("median") is None or share.get("max") is None:
+        return NOT_RECORDED
+    return f"{100 * share['median']:.0f} % / {100 * share['max']:.0f} %"
+
+
+def _threads(state: dict[str, Any]) -> str:
+    threads = state.get("threads") or {}
+    if threads.get("intra_op") is None:
+        return NOT_RECORDED
+    capped = threads.get("capped_from")
+    return f"{threads['intra_op']} / {threads.get('inter_op', '?')}" + (f" (capped from {capped})" if capped else "")
+
+
+def _thread_env(state: dict[str, Any]) -> str:
+    env = state.get("thread_env")
+    if not isinstance(env, dict):
+        return NOT_RECORDED
+    return ", ".join(f"{name}={value}" for name, value in env.items() if value is not None) or "none set"
+
+
+STATE_FIELDS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("load avg (1 min) before -> after", _load),
+    ("others' CPU share median / max", _others_share),
+    ("threads intra / inter", _threads),
+    ("thread env vars", _thread_env),
+)
+"""What is shown of a run's ``machine_state``, as (label, formatter)."""
+
+
+def state_cells(run: RunResult) -> list[str]:
+    """A run's machine state as short texts, one per ``STATE_FIELDS`` ("not recorded" where missing)."""
+    state = run.machine_state if isinstance(run.machine_state, dict) else {}
+    return [fmt(state) for _, fmt in STATE_FIELDS]
+
+
+def untrustworthy_reasons(run: RunResult) -> list[str] | None:
+    """The reasons of a run judged not trustworthy; None for a trustworthy run or one without a verdict."""
+    quality = run.quality
+    if not isinstance(quality, dict) or quality.get("trustworthy") is not False:
+        return None
+    return list(quality.get("reasons") or []) or ["no reason recorded"]
+
+
+def quality_text(run: RunResult) -> str:
+    """``trustworthy``, ``NOT trustworthy: reason; reason`` or ``quality not recorded``."""
+    if not isinstance(run.quality, dict) or "trustworthy" not in run.quality:
+        return f"quality {NOT_RECORDED}"
+    reasons = untrustworthy_reasons(run)
+    return "trustworthy" if reasons is None else "NOT trustworthy: " + "; ".join(reasons)
+
+
+def state_line(label: str, run: RunResult) -> str:
+    """One line per run under a comparison: its machine state, then its quality verdict."""
+    cells = state_cells(run)
+    if all(cell == NOT_RECORDED for cell in cells):
+        return f"{label}: machine state {NOT_RECORDED}; {quality_text(run)}"
+    parts = [f"{name} {cell}" for (name, _), cell in zip(STATE_FIELDS, cells)]
+    return f"{label}: " + "; ".join(parts) + f"; {quality_text(run)}"
+
+
+def untrustworthy_warning(label: str, run: RunResult) -> str | None:
+    """``rlgauge: warning: LABEL is not trustworthy: reasons`` for an untrustworthy run, else None."""
+    reasons = untrustworthy_reasons(run)
+    return None if reasons is None else f"rlgauge: warning: {label} is not trustworthy: {'; '.join(reasons)}"
