@@ -3,7 +3,7 @@ env-ready actions out, host<->device copies included), as the trainer does it ea
 
 from __future__ import annotations
 
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 from .common import PARAM_NAMES, PARAMS, build, observations, skip_unless_available
 

@@ -3,7 +3,7 @@ memory of its own, the peak the allocator reports (``track_``)."""
 
 from __future__ import annotations
 
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 from .common import PARAM_NAMES, PARAMS, build, skip_unless_available
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.analyses.replay_bench import filled_buffer, random_transitions
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 from .common import DEVICES, REPLAY_BATCH_SIZE, REPLAY_CAPACITIES, REPLAY_KINDS, REPLAY_OBS_DIM, \
     REPLAY_ROWS_PER_INSERT, skip_unless_available

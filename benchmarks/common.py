@@ -18,8 +18,8 @@ import numpy as np
 from harness.specs.presets import specs_for
 from harness.measurement.runner import VariantSpec
 from reference_trainers import build_trainer
-from reference_trainers.common import device as dev
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.resolve import resolve_config
 
 PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum", "dqn-cartpole", "iqn-cartpole"]
 VARIANTS = ["baseline", "optimized"]

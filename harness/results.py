@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
 
-from reference_trainers.common.atomic_file import (UnsafeTargetError, check_folder, check_target, kind_of,
+from reference_trainers.state.atomic_file import (UnsafeTargetError, check_folder, check_target, kind_of,
                                                    write_text_atomically)
 
 from harness.errors import UserError

@@ -1,4 +1,4 @@
-"""Reference trainers: PPO, DQN and IQN (and the building blocks they share, in ``common``).
+"""Reference trainers: PPO, DQN and IQN (and the building blocks they share, in sub-packages by concept).
 
 This module is what the harness imports for trainers: the ``Trainer`` protocol, ``build_trainer``
 and the few building blocks it measures on their own. Names whose modules import torch load on
@@ -10,20 +10,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .common.config import TrainConfig
-from .common.probe import Probe
+from reference_trainers.config.schema import TrainConfig
+from reference_trainers.runtime.probe import Probe
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .common.buffers import ReplayBuffer, make_replay
-    from .common.env_state import check_checkpointable
-    from .common.envs import frames_in_step, make_vector_env
-    from .common.learner import NonFiniteError, apply_process_settings
-    from .common.nstep import TransitionBatch
-    from .common.resolve import Resolution
-    from .common.speedups import HostToDevice
-    from .common.trainer import IterationResult
+    from reference_trainers.replay.buffers import ReplayBuffer, make_replay
+    from reference_trainers.state.env_state import check_checkpointable
+    from reference_trainers.envs.factory import frames_in_step, make_vector_env
+    from reference_trainers.paths.learner import NonFiniteError, apply_process_settings
+    from reference_trainers.replay.writers import TransitionBatch
+    from reference_trainers.config.resolve import Resolution
+    from reference_trainers.paths.speedups import HostToDevice
+    from reference_trainers.runtime.trainer import IterationResult
 
 
 @runtime_checkable
@@ -81,27 +81,27 @@ def build_trainer(resolution: Resolution, probe: Probe | None = None) -> Resumab
     """The trainer for ``resolution.config``'s algorithm (recurrent PPO when ``model.recurrent`` is set)."""
     config = resolution.config
     if config.algo == "ppo" and config.model.recurrent == "none":
-        from .ppo import PPOTrainer as trainer_cls
+        from reference_trainers.ppo.trainer import PPOTrainer as trainer_cls
     elif config.algo == "ppo":
-        from .recurrent_ppo import RecurrentPPOTrainer as trainer_cls
+        from reference_trainers.ppo.recurrent import RecurrentPPOTrainer as trainer_cls
     elif config.algo == "dqn":
-        from .dqn import DQNTrainer as trainer_cls
+        from reference_trainers.value.dqn import DQNTrainer as trainer_cls
     else:
-        from .iqn import IQNTrainer as trainer_cls
+        from reference_trainers.value.iqn import IQNTrainer as trainer_cls
     return trainer_cls(config, probe=probe, resolution=resolution)
 
 
 _LAZY = {  # name -> the module that defines it (each imports torch)
-    "HostToDevice": ".common.speedups",
-    "IterationResult": ".common.trainer",
-    "NonFiniteError": ".common.learner",
-    "ReplayBuffer": ".common.buffers",
-    "TransitionBatch": ".common.nstep",
-    "apply_process_settings": ".common.learner",
-    "check_checkpointable": ".common.env_state",
-    "frames_in_step": ".common.envs",
-    "make_replay": ".common.buffers",
-    "make_vector_env": ".common.envs",
+    "HostToDevice": "reference_trainers.paths.speedups",
+    "IterationResult": "reference_trainers.runtime.trainer",
+    "NonFiniteError": "reference_trainers.paths.learner",
+    "ReplayBuffer": "reference_trainers.replay.buffers",
+    "TransitionBatch": "reference_trainers.replay.writers",
+    "apply_process_settings": "reference_trainers.paths.learner",
+    "check_checkpointable": "reference_trainers.state.env_state",
+    "frames_in_step": "reference_trainers.envs.factory",
+    "make_replay": "reference_trainers.replay.buffers",
+    "make_vector_env": "reference_trainers.envs.factory",
 }
 
 

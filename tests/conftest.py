@@ -15,8 +15,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest
 from hypothesis import HealthCheck, settings
 
-from reference_trainers.common import device as dev
-from reference_trainers.common.numpy_acting import numpy_blas_threads
+from reference_trainers.runtime import device as dev
+from reference_trainers.paths.numpy_acting import numpy_blas_threads
 
 settings.register_profile(
     "ci", derandomize=True, database=None, deadline=None, max_examples=10,

@@ -22,9 +22,9 @@ def train(algo: str, iterations: int, extra: list[str], resume_at: int | None = 
 
     With ``resume_at``, the trainer is rebuilt from its own ``state_dict()`` after that many iterations."""
     from reference_trainers import build_trainer
-    from reference_trainers.common import distributed
-    from reference_trainers.common.config import build_config
-    from reference_trainers.common.resolve import resolve_config
+    from reference_trainers.runtime import distributed
+    from reference_trainers.config.schema import build_config
+    from reference_trainers.config.resolve import resolve_config
 
     overrides = ["device=cpu", f"algo={algo}", "env.num_envs=2", "env.vectorization=sync", "model.hidden_sizes=[16,16]",
                  "distributed.enabled=true", "distributed.timeout_s=60", *TINY_DISTRIBUTED[algo], *extra]
@@ -49,7 +49,7 @@ def train_rank(rank: int, world_size: int, port: int, jobs: list[tuple[Any, ...]
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
-    from reference_trainers.common import distributed
+    from reference_trainers.runtime import distributed
 
     reports = [train(*job) for job in jobs]
     distributed.teardown()

@@ -16,9 +16,9 @@ from matmul_dtypes import MatmulDtypes
 from precision_state import float32_matmul_precision
 
 from reference_trainers import build_trainer
-from reference_trainers.common import device as dev
-from reference_trainers.common.config import build_config
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.schema import build_config
+from reference_trainers.config.resolve import resolve_config
 
 _COMMON = ["device=cpu", "env.id=CartPole-v1", "env.num_envs=3", "env.vectorization=serial",
            "model.hidden_sizes=[16,16]", "optimizations.torch_threads=1"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import TINY
 
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.schema import ConfigError, build_config
+from reference_trainers.config.resolve import resolve_config
 
 
 def assert_refused(name: str, overrides: list[str], message: str) -> None:

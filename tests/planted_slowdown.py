@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.cli import main
 from harness.specs.presets import Preset
-from reference_trainers.common.config_files import deep_merge
+from reference_trainers.config.files import deep_merge
 
 
 def pct_of_factor(factor: float) -> float:

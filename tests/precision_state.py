@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reference_trainers.common.device import PER_BACKEND_PRECISION
+from reference_trainers.runtime.device import PER_BACKEND_PRECISION
 
 _PRECISION_OF_CPU_SWITCH = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
 

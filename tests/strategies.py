@@ -15,9 +15,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from harness.stats.parity import EXACT, FP_REORDER, REDUCED_PRECISION
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.flags import ALGORITHM, FLAGS, Flag
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.schema import ConfigError, build_config
+from reference_trainers.config.flags import ALGORITHM, FLAGS, Flag
+from reference_trainers.config.resolve import resolve_config
 
 PROPERTY_NUM_ENVS = 3
 PIXEL_OVERRIDES = ["env.id=pixel_env:PixelDot-v0", "model.body=cnn", "optimizations.torch_threads=1"]

@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.stats.compare import Ratio
 from harness.specs.presets import specs_for
 from harness.measurement.runner import rotated
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.resolve import resolve_config
 from results_factory import make_result
 
 CPU = ["device=cpu"]

@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
-from reference_trainers.common import analytic
-from reference_trainers.common.config import build_config
-from reference_trainers.common.flags import TUNING
-from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.speedups import FusedAdamStep
-from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, evaluate_actions, ppo_loss, ppo_loss_grads
+from reference_trainers.nets import analytic
+from reference_trainers.config.schema import build_config
+from reference_trainers.config.flags import TUNING
+from reference_trainers.nets.networks import StackedMLPs, mlp
+from reference_trainers.paths.speedups import FusedAdamStep
+from reference_trainers.ppo.trainer import PPOLossCoefs, PPOTrainer, evaluate_actions, ppo_loss, ppo_loss_grads
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 
@@ -182,7 +182,7 @@ def test_the_compiled_hand_written_step_clips_inside_its_graph(compiled: bool) -
 def test_the_compiled_hand_written_step_reports_nonfinite_updates_to_every_nan_policy(policy: str) -> None:
     """The non-finite flag computed inside the compiled step drives ``stability.nan_policy`` as
     the learner's own check does: raise, skip (parameters kept), or count and go on."""
-    from reference_trainers.common.learner import NonFiniteError
+    from reference_trainers.paths.learner import NonFiniteError
     from value_trainers import snapshot
 
     t = trainer("optimizations.analytic_grads=true", "optimizations.compile_train_step=true",
@@ -337,7 +337,7 @@ def test_the_compiled_dqn_step_gathers_its_minibatch_from_tensor_replay(extra: l
 def test_compile_train_step_compiles_the_whole_hand_written_step(algo: str) -> None:
     """Under analytic_grads, compile_train_step compiles forward, loss gradient and backward in
     one function (no autograd step to compile), and trains as the eager hand-written step does."""
-    from reference_trainers.common.speedups import CompiledOrEager
+    from reference_trainers.paths.speedups import CompiledOrEager
     from value_trainers import make, snapshot
 
     def build(compiled: bool):  # noqa: ANN202

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference_trainers.common import atari, envpool_env
-from reference_trainers.common.atari import AtariSettings
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.envs import EnvConfigError, check_env_id, make_vector_env, resolve_vectorization
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.envs import atari
+from reference_trainers.envs import envpool_backend as envpool_env
+from reference_trainers.envs.atari import AtariSettings
+from reference_trainers.config.schema import ConfigError, build_config
+from reference_trainers.envs.factory import EnvConfigError, check_env_id, make_vector_env, resolve_vectorization
+from reference_trainers.config.resolve import resolve_config
 
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")

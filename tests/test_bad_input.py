@@ -485,7 +485,7 @@ def test_standalone_trainer_step_budget_below_1_is_an_argparse_error(algo: str, 
 
     config = tmp_path / "c.yaml"
     config.write_text("env: {id: CartPole-v1}\n", encoding="utf-8")
-    module = importlib.import_module(f"reference_trainers.{algo}")
+    module = importlib.import_module({"ppo": "reference_trainers.ppo.trainer"}.get(algo, f"reference_trainers.value.{algo}"))
     with pytest.raises(SystemExit) as info:
         module.main(["--config", str(config), "--steps", steps])
     out, err = capsys.readouterr()

@@ -1,4 +1,4 @@
-"""Replay buffers (reference_trainers/common/buffers.py, per.py): list vs tensor storage give identical
+"""Replay buffers (reference_trainers/replay/buffers.py, per.py): list vs tensor storage give identical
 minibatches, the ring keeps the newest transitions, each storage takes its own copy path, and
 prioritized replay samples in proportion to priorities with the right importance weights."""
 
@@ -13,10 +13,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference_trainers.common.buffers import ListStorage, ReplayBuffer, TensorStorage, UniformSampler, make_replay
-from reference_trainers.common.nstep import TransitionBatch
-from reference_trainers.common.per import PrioritizedSampler
-from reference_trainers.common.speedups import HostToDevice
+from reference_trainers.replay.buffers import ListStorage, ReplayBuffer, TensorStorage, UniformSampler, make_replay
+from reference_trainers.replay.writers import TransitionBatch
+from reference_trainers.replay.per import PrioritizedSampler
+from reference_trainers.paths.speedups import HostToDevice
 
 CPU = torch.device("cpu")
 CUDA = torch.cuda.is_available()
@@ -279,7 +279,7 @@ def test_one_step_insert_stores_what_the_writer_and_add_store(rows: int) -> None
     """The direct insert of a step with no reset row writes the rows ``OneStepWriter.push`` then
     ``add`` write, bit for bit (float64 rewards, int64 actions, terminations), and steps aside
     (nothing written) across the ring's end, for list storage and for prioritized sampling."""
-    from reference_trainers.common.nstep import OneStepWriter
+    from reference_trainers.replay.writers import OneStepWriter
 
     rng = np.random.default_rng(0)
     gamma, capacity = 0.99, 7

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from reference_trainers import build_trainer
-from reference_trainers.common.checkpoint import (FORMAT, VERSION, CheckpointError, decode_array, encode_array,
+from reference_trainers.state.checkpoint import (FORMAT, VERSION, CheckpointError, decode_array, encode_array,
                                                   load_checkpoint, save_checkpoint)
-from reference_trainers.common.config import build_config
-from reference_trainers.common.env_state import capture_env_state, restore_env_state
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.schema import build_config
+from reference_trainers.state.env_state import capture_env_state, restore_env_state
+from reference_trainers.config.resolve import resolve_config
 
 
 def tiny_config(algo: str, *extra: str):  # noqa: ANN201 - a TrainConfig
@@ -108,7 +108,7 @@ def test_resume_without_the_env_state_would_diverge(tmp_path: Path, monkeypatch:
     for _ in range(2):
         first.iterate()
     state = first.state_dict()
-    monkeypatch.setattr("reference_trainers.common.trainer_state.restore_env_state", lambda *args: None)
+    monkeypatch.setattr("reference_trainers.state.trainer_state.restore_env_state", lambda *args: None)
     resumed = trainer_for(config)
     resumed.load_state_dict(state)
     for _ in range(2):
@@ -146,7 +146,7 @@ def test_arrays_survive_encoding_bit_for_bit(array: np.ndarray) -> None:
 
 
 def test_env_state_round_trip_continues_episodes_exactly() -> None:
-    from reference_trainers.common.envs import make_vector_env
+    from reference_trainers.envs.factory import make_vector_env
 
     envs = [make_vector_env("CartPole-v1", 3, "sync") for _ in range(2)]
     envs[0].reset(seed=3)
@@ -179,7 +179,7 @@ class _OpaqueStateEnv(gym.Env):
 
 
 def test_env_with_state_outside_numpy_is_refused_naming_the_attribute() -> None:
-    from reference_trainers.common.serial_env import SerialVectorEnv
+    from reference_trainers.envs.serial_backend import SerialVectorEnv
 
     envs = SerialVectorEnv([_OpaqueStateEnv])
     envs.reset(seed=0)
@@ -188,7 +188,7 @@ def test_env_with_state_outside_numpy_is_refused_naming_the_attribute() -> None:
 
 
 def test_async_envs_are_refused() -> None:
-    from reference_trainers.common.envs import make_vector_env
+    from reference_trainers.envs.factory import make_vector_env
 
     envs = make_vector_env("CartPole-v1", 2, "async")
     try:

@@ -22,13 +22,13 @@ import pytest
 import torch
 import yaml
 
-import reference_trainers.ppo as ppo_module
+import reference_trainers.ppo.trainer as ppo_module
 from conftest import TINY
 from precision_state import float32_matmul_precision
 from harness.measurement import machine_state
 from harness.cli import main
-from reference_trainers.common import device as dev
-from reference_trainers.common import numpy_update
+from reference_trainers.runtime import device as dev
+from reference_trainers.paths import numpy_update
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESET_DIR = REPO_ROOT / "harness" / "specs" / "presets"

@@ -1,4 +1,4 @@
-"""Tests for reference_trainers.common.config: validation errors, YAML loading, ``--set`` overrides, defaults."""
+"""Tests for reference_trainers.config.schema: validation errors, YAML loading, ``--set`` overrides, defaults."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from reference_trainers.common.config import (OptimizationsConfig, TrainConfig, _accepted_scalars, build_config,
+from reference_trainers.config.schema import (OptimizationsConfig, TrainConfig, _accepted_scalars, build_config,
                                               to_plain_dict)
-from reference_trainers.common.config_files import apply_overrides, deep_merge, parse_override, read_yaml
-from reference_trainers.common.errors import ConfigError
+from reference_trainers.config.files import apply_overrides, deep_merge, parse_override, read_yaml
+from reference_trainers.config.errors import ConfigError
 
 
 def config_error(overrides: list[str], data: dict | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Tests for reference_trainers.common.device: resolution, precision/thread settings, autocast, scaler, memory."""
+"""Tests for reference_trainers.runtime.device: resolution, precision/thread settings, autocast, scaler, memory."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from precision_state import cuda_tf32_enabled, float32_matmul_precision
 
-import reference_trainers.common.device as dev
-from reference_trainers.common.config import ConfigError
-from reference_trainers.common.device import (
+import reference_trainers.runtime.device as dev
+from reference_trainers.config.schema import ConfigError
+from reference_trainers.runtime.device import (
     DeviceError,
     apply_precision,
     apply_threads,

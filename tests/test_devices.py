@@ -21,7 +21,7 @@ from harness.analyses.devices import comparison_table, device_list, specs_on_dev
 from harness.errors import UserError
 from harness.specs.presets import specs_for
 from harness.measurement.runner import run_variants
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 from results_factory import make_result
 
 

@@ -12,7 +12,7 @@ from harness.cli import main
 from harness.analyses.diagnose import Facts, advise, env_ceiling, facts_from, phase_shares
 from harness.measurement.environment import environment_lines, environment_report, try_compile
 from harness.specs.presets import specs_for
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.resolve import resolve_config
 from results_factory import make_result
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]

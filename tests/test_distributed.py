@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 
 from conftest import TINY
 from distributed_worker import train_rank
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.schema import ConfigError, build_config
+from reference_trainers.config.resolve import resolve_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,7 +79,7 @@ def test_one_rank_of_ddp_trains_exactly_like_a_single_process(monkeypatch: pytes
     """With one rank, DDP's averaged gradients are the plain ones: the same parameters as without it."""
     from distributed_worker import train
     from reference_trainers import build_trainer
-    from reference_trainers.common import distributed
+    from reference_trainers.runtime import distributed
 
     for name, value in {**TORCHRUN_ENV, "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)

@@ -1,4 +1,4 @@
-"""DQN (reference_trainers/dqn.py): TD targets and the Huber loss on hand-computed cases, double
+"""DQN (reference_trainers/value/dqn.py): TD targets and the Huber loss on hand-computed cases, double
 Q-learning's action choice, importance weights, and the trainer's DQN-specific paths."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from value_trainers import make
 
-import reference_trainers.dqn as dqn_mod
-from reference_trainers.common.networks import QNetwork
-from reference_trainers.dqn import DQNTrainer, dqn_targets, td_loss
+import reference_trainers.value.dqn as dqn_mod
+from reference_trainers.nets.networks import QNetwork
+from reference_trainers.value.dqn import DQNTrainer, dqn_targets, td_loss
 
 
 def test_dqn_targets_bootstrap_from_the_target_networks_max() -> None:

@@ -14,9 +14,9 @@ import pytest
 
 import faulty_envs  # noqa: F401 - registers FailingCartPole-v0
 from harness.cli import main
-from reference_trainers import ppo as ppo_module
-from reference_trainers.common.async_env import EnvWorkerError
-from reference_trainers.common.envs import make_vector_env
+from reference_trainers.ppo import trainer as ppo_module
+from reference_trainers.envs.async_backend import EnvWorkerError
+from reference_trainers.envs.factory import make_vector_env
 
 ASYNC_RUN = ["run", "ppo-cartpole", "--variant", "optimized", "--quiet", "--set", "device=cpu",
              "--set", "env.vectorization=async", "--set", "env.num_envs=3", "--set", "ppo.num_steps=16",

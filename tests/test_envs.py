@@ -1,4 +1,4 @@
-"""Tests for reference_trainers.common.envs: backends, autoreset semantics, config errors, helpers."""
+"""Tests for reference_trainers.envs.factory: backends, autoreset semantics, config errors, helpers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_trainers.common.envs import (
+from reference_trainers.envs.factory import (
     VECTORIZATION_MODES,
     ActionRepeat,
     EnvConfigError,
@@ -26,8 +26,8 @@ from reference_trainers.common.envs import (
     make_vector_env,
     resolve_vectorization,
 )
-from reference_trainers.common.episodes import EpisodeTracker
-from reference_trainers.common.serial_env import SerialVectorEnv
+from reference_trainers.envs.episodes import EpisodeTracker
+from reference_trainers.envs.serial_backend import SerialVectorEnv
 
 
 class CountingEnv(gym.Env):

@@ -17,8 +17,8 @@ import torch
 from flag_effects import PIXELS, running, spy
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv, CartPoleVectorEnv
 
-from reference_trainers.common.envpool_env import EnvPoolVectorEnv
-from reference_trainers.common.serial_env import SerialVectorEnv
+from reference_trainers.envs.envpool_backend import EnvPoolVectorEnv
+from reference_trainers.envs.serial_backend import SerialVectorEnv
 
 VECTOR_STEPS = 8
 """Vector-env steps in one iteration of ``flag_effects.TINY``: PPO's rollout, DQN's 24 decisions of 3 sub-envs."""

@@ -25,8 +25,10 @@ from flag_effects import (
 )
 from precision_state import cuda_tf32_enabled
 
-from reference_trainers.common import analytic, numpy_acting, numpy_update
-from reference_trainers.common import device as dev
+from reference_trainers.nets import analytic
+from reference_trainers.paths import numpy_acting
+from reference_trainers.paths import numpy_update
+from reference_trainers.runtime import device as dev
 
 PPO_ALGOS = ("ppo", "ppo-lstm")
 STEPS, ENVS = 8, 3

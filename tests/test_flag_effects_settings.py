@@ -13,7 +13,7 @@ from flag_effects import (
     threads_during_updates,
 )
 
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 ALL_ALGOS = ("ppo", "ppo-lstm", "dqn", "iqn")
 

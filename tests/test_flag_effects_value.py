@@ -23,8 +23,12 @@ from flag_effects import (
     tensor_calls,
 )
 
-from reference_trainers.common import analytic, buffers, numpy_acting, numpy_update, per
-from reference_trainers.common.nstep import NStepWriter, OneStepWriter
+from reference_trainers.nets import analytic
+from reference_trainers.replay import buffers
+from reference_trainers.paths import numpy_acting
+from reference_trainers.paths import numpy_update
+from reference_trainers.replay import per
+from reference_trainers.replay.writers import NStepWriter, OneStepWriter
 
 ALGOS = ("dqn", "iqn")
 VECTOR_STEPS, ENVS = 8, 3

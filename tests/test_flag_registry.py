@@ -11,10 +11,10 @@ import pytest
 from harness.report import flag_docs
 from harness.stats.parity import FLAG_CLASSES, flag_class
 from harness.specs.presets import list_presets, load_preset
-from reference_trainers.common.config import ConfigError, OptimizationsConfig, TrainConfig, build_config
-from reference_trainers.common.flags import (ALGOS, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, PARITY_CLASSES, REGISTRY,
+from reference_trainers.config.schema import ConfigError, OptimizationsConfig, TrainConfig, build_config
+from reference_trainers.config.flags import (ALGOS, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, PARITY_CLASSES, REGISTRY,
                                              Flag)
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.resolve import resolve_config
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

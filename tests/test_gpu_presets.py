@@ -15,9 +15,9 @@ import yaml
 
 from harness.specs.presets import PRESET_DIR, device_kind, load_preset, specs_for
 from harness.measurement.runner import run_variants
-from reference_trainers.common import device as dev
-from reference_trainers.common.flags import REGISTRY
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.flags import REGISTRY
+from reference_trainers.config.resolve import resolve_config
 
 GPU_PRESETS = sorted(path.stem for path in PRESET_DIR.glob("*-gpu.yaml"))
 SCALED = {

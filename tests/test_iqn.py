@@ -1,4 +1,4 @@
-"""IQN (reference_trainers/iqn.py, IQNNetwork in common/networks.py): the quantile Huber loss (its
+"""IQN (reference_trainers/value/iqn.py, IQNNetwork in nets/networks.py): the quantile Huber loss (its
 autograd and hand-written forms) on a hand-computed case and against the paper's formula under autograd, its pairwise (N x N')
 structure, the cosine tau embedding, network shapes, targets, and the fractions the trainer samples."""
 
@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from value_trainers import make
 
-from reference_trainers.common.config import ModelConfig
-from reference_trainers.common.networks import IQNNetwork, cosine_embedding
-from reference_trainers.iqn import IQNTrainer, iqn_targets, quantile_huber_loss
+from reference_trainers.config.schema import ModelConfig
+from reference_trainers.nets.networks import IQNNetwork, cosine_embedding
+from reference_trainers.value.iqn import IQNTrainer, iqn_targets, quantile_huber_loss
 
 
 def textbook_loss(quantiles: torch.Tensor, targets: torch.Tensor, taus: torch.Tensor, kappa: float) -> torch.Tensor:

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.common.speedups import clip_grad_norm
-from reference_trainers.ppo import PPOTrainer, action_noise, compute_gae, compute_gae_fused, sample_action
+from reference_trainers.config.schema import ConfigError, build_config
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.paths.speedups import clip_grad_norm
+from reference_trainers.ppo.trainer import PPOTrainer, action_noise, compute_gae, compute_gae_fused, sample_action
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 LEAN_PATHS = [f"optimizations.{name}=true" for name in ("lean_rollout", "stacked_mlps", "fused_gae", "packed_gather")]
@@ -125,7 +125,7 @@ def test_foreach_grad_clip_alone_picks_the_clipping_path(monkeypatch: pytest.Mon
                                                           foreach: bool) -> None:
     """The clipping path is its own flag: the Adam implementation does not choose it."""
     calls: list[bool] = []
-    import reference_trainers.common.learner as learner_mod
+    import reference_trainers.paths.learner as learner_mod
     real = learner_mod.clip_grad_norm
     monkeypatch.setattr(learner_mod, "clip_grad_norm", lambda p, m, f: calls.append(f) or real(p, m, f))
     trainer = ppo_trainer(f"optimizations.optimizer_impl={impl}", f"optimizations.foreach_grad_clip={str(foreach).lower()}")
@@ -141,7 +141,7 @@ def test_foreach_grad_clip_alone_picks_the_clipping_path(monkeypatch: pytest.Mon
 def test_lean_rollout_stages_the_rollout_scalars_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flag stages rollout scalars on the host; the fused GAE and the packed gather stay off
     (flags of their own) until asked for."""
-    import reference_trainers.ppo as ppo_mod
+    import reference_trainers.ppo.trainer as ppo_mod
     used: list[str] = []
     monkeypatch.setattr(ppo_mod.PPOTrainer, "_packed_gather",
                         staticmethod(lambda batch, real=ppo_mod.PPOTrainer._packed_gather: used.append("packed") or real(batch)))
@@ -193,7 +193,7 @@ def test_lean_rollout_is_rejected_for_value_based_algos() -> None:
 # --------------------------------------------------------------------------- value-based acting and replay
 
 def test_vectorization_auto_is_serial_below_native_min_envs() -> None:
-    from reference_trainers.common.envs import resolve_vectorization
+    from reference_trainers.envs.factory import resolve_vectorization
     assert resolve_vectorization("CartPole-v1", "auto", num_envs=1).mode == "serial"
     assert resolve_vectorization("CartPole-v1", "auto", num_envs=4).mode == "native"
     assert resolve_vectorization("CartPole-v1", "auto", num_envs=4, native_min_envs=6).mode == "serial"
@@ -211,9 +211,9 @@ def test_vectorization_auto_is_serial_below_native_min_envs() -> None:
 
 
 def test_tensor_replay_on_cpu_writes_through_its_host_view() -> None:
-    from reference_trainers.common.buffers import TensorStorage
-    from reference_trainers.common.nstep import TransitionBatch
-    from reference_trainers.common.speedups import HostToDevice
+    from reference_trainers.replay.buffers import TensorStorage
+    from reference_trainers.replay.writers import TransitionBatch
+    from reference_trainers.paths.speedups import HostToDevice
     storage = TensorStorage(5, 2, torch.device("cpu"), HostToDevice(torch.device("cpu")))
     storage.to_device = lambda *a, **k: pytest.fail("the CPU insert went through a host->device copy")  # type: ignore[assignment]
     assert np.shares_memory(storage.host_rows, storage.rows.numpy())
@@ -238,7 +238,7 @@ def test_tensor_replay_on_cpu_writes_through_its_host_view() -> None:
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_mlp_forward_matches_calling_each_layer(activation: str) -> None:
-    from reference_trainers.common.networks import MLP, mlp
+    from reference_trainers.nets.networks import MLP, mlp
     net = mlp(4, [16, 8], 3, activation, out_std=1.0)
     assert isinstance(net, MLP)
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))

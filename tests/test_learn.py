@@ -169,7 +169,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path, caps
 
 def test_ctrl_c_writes_what_was_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from reference_trainers.ppo import PPOTrainer
+    from reference_trainers.ppo.trainer import PPOTrainer
 
     real_iterate, calls = PPOTrainer.iterate, []
 

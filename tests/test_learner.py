@@ -1,4 +1,4 @@
-"""The shared update machinery (reference_trainers/common/learner.py), on a toy regression: one
+"""The shared update machinery (reference_trainers/paths/learner.py), on a toy regression: one
 optimiser step per ``step``, nan_policy, clipping, compile fallback, learning rate, stats routing,
 process-wide settings; and the PPO trainer handing its update to it."""
 
@@ -13,18 +13,18 @@ from torch import nn
 
 from harness.stats.parity import FP_REORDER, TOLERANCES
 from precision_state import float32_matmul_precision
-from reference_trainers.common import device as dev
-from reference_trainers.common.config import build_config
-from reference_trainers.common.learner import (
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.schema import build_config
+from reference_trainers.paths.learner import (
     Learner,
     NonFiniteError,
     apply_process_settings,
     fell_back,
     maybe_compile,
 )
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.common.speedups import CompiledOrEager
-from reference_trainers.common.stats import ItemStats, SyncFreeStats
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.paths.speedups import CompiledOrEager
+from reference_trainers.paths.training_stats import ItemStats, SyncFreeStats
 
 CPU = torch.device("cpu")
 
@@ -210,7 +210,7 @@ def test_apply_process_settings_sets_threads_and_precision() -> None:
 
 
 def test_ppo_trainer_hands_its_update_to_the_shared_learner() -> None:
-    from reference_trainers.ppo import PPOTrainer
+    from reference_trainers.ppo.trainer import PPOTrainer
 
     trainer = PPOTrainer(build_config({}, ["device=cpu", "env.num_envs=2", "ppo.num_steps=8", "ppo.num_minibatches=2",
                                            "ppo.update_epochs=1", "model.hidden_sizes=[8]"]))

@@ -25,7 +25,7 @@ from harness.stats import quality
 from harness.measurement import runner
 from harness.specs.presets import specs_for
 from harness.measurement.runner import run_variants
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 from conftest import TINY
 
 BUSY_LOOP = "while True: pass"

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from matmul_dtypes import MatmulDtypes
-from reference_trainers.common.config import ModelConfig
-from reference_trainers.common.networks import (
+from reference_trainers.config.schema import ModelConfig
+from reference_trainers.nets.networks import (
     ActorCritic,
     IQNNetwork,
     OutputLinear,

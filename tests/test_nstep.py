@@ -1,4 +1,4 @@
-"""Transition writers (reference_trainers/common/nstep.py): the n-step writer against a brute-force
+"""Transition writers (reference_trainers/replay/writers.py): the n-step writer against a brute-force
 reference over random multi-env rollouts (terminations, truncations, NEXT_STEP reset steps), a
 hand-computed case, and the one-step writer as its n = 1 special case."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference_trainers.common.nstep import NStepWriter, OneStepWriter, TransitionBatch, make_writer
+from reference_trainers.replay.writers import NStepWriter, OneStepWriter, TransitionBatch, make_writer
 
 OBS_DIM = 2
 

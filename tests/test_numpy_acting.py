@@ -15,13 +15,13 @@ from value_trainers import assert_params_close, make, train
 from harness.cli import main
 from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
-from reference_trainers.common.config import ConfigError, build_config
-from reference_trainers.common.networks import StackedMLPs, mlp
-from reference_trainers.common.numpy_acting import (BLOCK_SPLIT_MIN_WASTE, NumpyMLP, column_sums,
+from reference_trainers.config.schema import ConfigError, build_config
+from reference_trainers.nets.networks import StackedMLPs, mlp
+from reference_trainers.paths.numpy_acting import (BLOCK_SPLIT_MIN_WASTE, NumpyMLP, column_sums,
                                                     numpy_blas_threads, relu_, row_max, row_sums, sample_categorical,
                                                     sample_gaussian, taken_index)
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.ppo import PPOTrainer, action_noise, sample_action
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.ppo.trainer import PPOTrainer, action_noise, sample_action
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 ON = ["optimizations.batch_inference=true", "optimizations.numpy_acting=true"]
@@ -341,7 +341,7 @@ def test_dqn_numpy_acting_keeps_fp_reorder_parity() -> None:
 def test_host_noise_gives_the_per_step_draws(rows: int, block: int) -> None:
     """Blocks of draws (``block_noise``) hand out, step by step and across a block's end, what one
     torch call per step (a block of one, the plain path) gives from the same generators."""
-    from reference_trainers.common.value_based import HostNoise
+    from reference_trainers.value.loop import HostNoise
 
     steps = 2 * block + 5
     noise = HostNoise(rows, 3, torch.Generator().manual_seed(1), torch.Generator().manual_seed(2), block)

@@ -21,11 +21,12 @@ from value_trainers import assert_params_close, make
 
 from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
-from reference_trainers.common import analytic, numpy_update
-from reference_trainers.common.config import build_config
-from reference_trainers.common.learner import flat_gradients
-from reference_trainers.common.networks import mlp
-from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, _host_packed_gather, ppo_loss_grads
+from reference_trainers.nets import analytic
+from reference_trainers.paths import numpy_update
+from reference_trainers.config.schema import build_config
+from reference_trainers.paths.learner import flat_gradients
+from reference_trainers.nets.networks import mlp
+from reference_trainers.ppo.trainer import PPOLossCoefs, PPOTrainer, _host_packed_gather, ppo_loss_grads
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 ON = ["optimizations.analytic_grads=true", "optimizations.numpy_update=true"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness.cli import main
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 TOY = textwrap.dedent('''
     import os

@@ -18,7 +18,7 @@ from harness.specs.peers import load_peer  # noqa: E402
 from harness import Trainer  # noqa: E402
 from harness.specs.peers.sb3 import make_trainer, matching, peer_settings  # noqa: E402
 from harness.specs.presets import specs_for  # noqa: E402
-from reference_trainers.common.resolve import resolve_config  # noqa: E402
+from reference_trainers.config.resolve import resolve_config  # noqa: E402
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
 DQN_TINY = ["device=cpu", "dqn.learning_starts=32", "dqn.batch_size=16", "dqn.log_interval=64",

@@ -13,15 +13,15 @@ import torch
 from harness.stats.parity import EXACT, TOLERANCES
 from pixel_env import PIXEL_ENV
 from reference_trainers import build_trainer
-from reference_trainers.common import device as dev
-from reference_trainers.common.atari import is_image_space
-from reference_trainers.common.buffers import FrameStorage, ListStorage, make_replay
-from reference_trainers.common.config import ConfigError, ModelConfig, build_config
-from reference_trainers.common.networks import ActorCritic, IQNNetwork, NatureCNN, QNetwork, normalise_pixels
-from reference_trainers.common.nstep import TransitionBatch, make_writer
-from reference_trainers.common.prefetch import THREAD_PREFIX, Prefetcher
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.common.speedups import HostToDevice
+from reference_trainers.runtime import device as dev
+from reference_trainers.envs.atari import is_image_space
+from reference_trainers.replay.buffers import FrameStorage, ListStorage, make_replay
+from reference_trainers.config.schema import ConfigError, ModelConfig, build_config
+from reference_trainers.nets.networks import ActorCritic, IQNNetwork, NatureCNN, QNetwork, normalise_pixels
+from reference_trainers.replay.writers import TransitionBatch, make_writer
+from reference_trainers.paths.prefetch import THREAD_PREFIX, Prefetcher
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.paths.speedups import HostToDevice
 
 CPU = torch.device("cpu")
 PIXELS = ["device=cpu", f"env.id={PIXEL_ENV}", "env.num_envs=2", "env.vectorization=sync", "seed=3",

@@ -1,4 +1,4 @@
-"""Tests for the PPO reference trainer (reference_trainers/ppo.py) and the speed-up helpers it uses.
+"""Tests for the PPO reference trainer (reference_trainers/ppo/trainer.py) and the speed-up helpers it uses.
 
 What is proved here, each flag against its plain path:
 - the pure maths: ``compute_gae`` on hand-computed rollouts (NEXT_STEP autoreset semantics) and
@@ -28,12 +28,12 @@ from matmul_dtypes import MatmulDtypes
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import reference_trainers.ppo as ppo_mod
+import reference_trainers.ppo.trainer as ppo_mod
 from reference_trainers import NonFiniteError
-from reference_trainers.common import device as dev
-from reference_trainers.common.config import build_config
-from reference_trainers.common.stats import ItemStats, SyncFreeStats
-from reference_trainers.ppo import PPOLossCoefs, PPOTrainer, compute_gae, ppo_loss
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.schema import build_config
+from reference_trainers.paths.training_stats import ItemStats, SyncFreeStats
+from reference_trainers.ppo.trainer import PPOLossCoefs, PPOTrainer, compute_gae, ppo_loss
 
 CUDA = torch.cuda.is_available()
 MPS = dev.mps_available()

@@ -18,9 +18,9 @@ from conftest import TINY
 from harness.errors import UserError
 from harness.specs.presets import PRESET_DIR, VARIANTS, list_presets, load_preset, preset_names, specs_for
 from harness.measurement.runner import run_variants
-from reference_trainers.common.atari import register_atari_envs
-from reference_trainers.common.config import ConfigError, OptimizationsConfig
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.envs.atari import register_atari_envs
+from reference_trainers.config.schema import ConfigError, OptimizationsConfig
+from reference_trainers.config.resolve import resolve_config
 
 SHIPPED = sorted(PRESET_DIR.glob("*.yaml"))
 NAMES = sorted(path.stem for path in SHIPPED)

@@ -21,12 +21,12 @@ import torch
 from conftest import TINY
 
 from reference_trainers import ResumableTrainer, build_trainer
-from reference_trainers.common.config import ConfigError, ModelConfig, build_config
-from reference_trainers.common.networks import RecurrentActorCritic
-from reference_trainers.common.partial_obs import CARTPOLE_NO_VELOCITY_ID
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.ppo import PPOTrainer, evaluate_actions
-from reference_trainers.recurrent_ppo import RecurrentPPOTrainer, episode_starts
+from reference_trainers.config.schema import ConfigError, ModelConfig, build_config
+from reference_trainers.nets.networks import RecurrentActorCritic
+from reference_trainers.envs.partial_obs import CARTPOLE_NO_VELOCITY_ID
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.ppo.trainer import PPOTrainer, evaluate_actions
+from reference_trainers.ppo.recurrent import RecurrentPPOTrainer, episode_starts
 
 RECURRENT = TINY + ["model.recurrent=lstm", "model.recurrent_size=8", f"env.id={CARTPOLE_NO_VELOCITY_ID}"]
 

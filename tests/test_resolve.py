@@ -1,7 +1,7 @@
-"""Tests for reference_trainers.common.resolve: per-device ``auto`` resolution and unhonourable flags.
+"""Tests for reference_trainers.config.resolve: per-device ``auto`` resolution and unhonourable flags.
 
 CUDA and MPS are simulated by monkeypatching the capability probes in
-``reference_trainers.common.device``: ``torch.device('cuda')`` is only a descriptor and can be
+``reference_trainers.runtime.device``: ``torch.device('cuda')`` is only a descriptor and can be
 built without a GPU, and ``resolve_config`` creates no tensors.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference_trainers.common.device as dev
-from reference_trainers.common.config import ConfigError, TrainConfig, build_config
-from reference_trainers.common.flags import update_rows
-from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
+import reference_trainers.runtime.device as dev
+from reference_trainers.config.schema import ConfigError, TrainConfig, build_config
+from reference_trainers.config.flags import update_rows
+from reference_trainers.config.resolve import Resolution, optimisation_summary, resolve_config
 
 AUTO_FLAGS = [
     "amp", "amp_dtype", "matmul_precision", "tf32", "compile_model", "compile_train_step",
@@ -399,7 +399,7 @@ def test_auto_compile_of_the_cpu_hand_written_step_weighs_the_run_budget(run: li
 
 
 def test_the_standalone_trainer_budget_is_its_steps_argument(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from reference_trainers.common import trainer as standalone
+    from reference_trainers.runtime import trainer as standalone
 
     seen = []
 

@@ -19,7 +19,7 @@ from harness import results as results_module
 from harness.errors import UserError
 from harness.measurement.metrics import TimingProbe, latency_percentiles, spread
 from harness.results import SCHEMA_VERSION, STATUSES, RunResult, check_writable, load_results, save_results
-from reference_trainers.common.probe import PHASES
+from reference_trainers.runtime.probe import PHASES
 
 
 def make_run(variant: str = "baseline", status: str = "ok", rate: float = 1000.0) -> RunResult:

@@ -45,10 +45,10 @@ def final_models(path: Path) -> dict[str, dict[str, torch.Tensor]]:
 
 
 PRESETS = {
-    "ppo": ("ppo-cartpole", "reference_trainers.ppo.PPOTrainer", []),
-    "dqn": ("dqn-cartpole", "reference_trainers.common.value_based.ValueTrainer",
+    "ppo": ("ppo-cartpole", "reference_trainers.ppo.trainer.PPOTrainer", []),
+    "dqn": ("dqn-cartpole", "reference_trainers.value.loop.ValueTrainer",
             ["dqn.learning_starts=64", "dqn.batch_size=16", "dqn.log_interval=32", "run.steps=128"]),
-    "iqn": ("iqn-cartpole", "reference_trainers.common.value_based.ValueTrainer",
+    "iqn": ("iqn-cartpole", "reference_trainers.value.loop.ValueTrainer",
             ["iqn.learning_starts=64", "iqn.batch_size=16", "iqn.log_interval=32", "run.steps=128",
              "iqn.num_tau_samples=8", "iqn.num_tau_prime_samples=8", "iqn.num_quantile_samples=8",
              "iqn.quantile_embedding_dim=16"]),

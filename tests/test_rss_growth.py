@@ -11,8 +11,8 @@ import pytest
 from conftest import TINY
 from harness.analyses.rss_growth import LIMIT_PCT, growth_per_100k, leak_free_warmup, measure_in_fresh_process, measure_rss_growth
 from reference_trainers import IterationResult
-from reference_trainers.common.config import build_config
-from reference_trainers.ppo import PPOTrainer
+from reference_trainers.config.schema import build_config
+from reference_trainers.ppo.trainer import PPOTrainer
 
 
 def test_growth_is_the_least_squares_slope_per_100k_steps_relative_to_the_start() -> None:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from reference_trainers import dqn as dqn_mod
-from reference_trainers import iqn as iqn_mod
+from reference_trainers.value import dqn as dqn_mod
+from reference_trainers.value import iqn as iqn_mod
 from value_trainers import tiny as value_tiny
 from conftest import TINY
 

@@ -27,7 +27,7 @@ from harness.report.runs_md import (
     new_file_text,
     table_end,
 )
-from reference_trainers.common import atomic_file
+from reference_trainers.state import atomic_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,7 +193,7 @@ def test_a_record_killed_mid_write_leaves_a_valid_file_and_frees_the_lock(tmp_pa
         import os, sys, time
         sys.path.insert(0, {str(REPO_ROOT / 'tests')!r})
         from harness.report import runs_md
-        from reference_trainers.common import atomic_file
+        from reference_trainers.state import atomic_file
         from results_factory import make_result
         real_fsync = os.fsync
         def stall(fd):

@@ -1,4 +1,4 @@
-"""The one safe writer (``reference_trainers.common.atomic_file``) and what goes through it.
+"""The one safe writer (``reference_trainers.state.atomic_file``) and what goes through it.
 
 Targets that are not regular files, read-only files and unwritable folders are refused and left
 as they were; symlinks are followed (the link stays a link); an existing file keeps its mode and
@@ -21,9 +21,9 @@ from harness.cli import main
 from harness.errors import UserError
 from harness.results import check_output_dir, check_writable, load_results, save_results
 from harness.report.runs_md import append_rows, format_rows, new_file_text
-from reference_trainers.common import atomic_file
-from reference_trainers.common.atomic_file import UnsafeTargetError, write_atomically, write_text_atomically
-from reference_trainers.common.errors import ConfigError
+from reference_trainers.state import atomic_file
+from reference_trainers.state.atomic_file import UnsafeTargetError, write_atomically, write_text_atomically
+from reference_trainers.config.errors import ConfigError
 
 
 @pytest.fixture
@@ -230,7 +230,7 @@ def test_check_output_dir_refuses_a_fifo_a_file_and_unsafe_output_names(tmp_path
 
 
 def test_a_checkpoint_goes_through_the_safe_writer(tmp_path: Path) -> None:
-    from reference_trainers.common.checkpoint import FORMAT, VERSION, load_checkpoint, save_checkpoint
+    from reference_trainers.state.checkpoint import FORMAT, VERSION, load_checkpoint, save_checkpoint
 
     payload = {"format": FORMAT, "version": VERSION, "kind": "run"}
     fifo = tmp_path / "ppo-cartpole.ckpt.pt"

@@ -15,10 +15,10 @@ pytest.importorskip("stable_baselines3")
 
 from harness.specs.peers.sb3 import SB3Trainer, make_trainer, peer_settings  # noqa: E402
 from harness.specs.presets import specs_for  # noqa: E402
-from reference_trainers.common.resolve import resolve_config  # noqa: E402
-from reference_trainers.common.value_based import linear_epsilon  # noqa: E402
-from reference_trainers.dqn import DQNTrainer  # noqa: E402
-from reference_trainers.ppo import PPOTrainer  # noqa: E402
+from reference_trainers.config.resolve import resolve_config  # noqa: E402
+from reference_trainers.value.loop import linear_epsilon  # noqa: E402
+from reference_trainers.value.dqn import DQNTrainer  # noqa: E402
+from reference_trainers.ppo.trainer import PPOTrainer  # noqa: E402
 
 PRESET = "ppo-cartpole-sb3"
 SHORT_EPISODES = "env.kwargs={max_episode_steps: 30}"  # truncations every few dozen steps, under either library

@@ -11,7 +11,7 @@ from conftest import TINY
 from harness.cli import main
 from harness.errors import UserError
 from harness.analyses.sweep import Param, markdown_table, parse_param, points, series, split_values, sweep_specs
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.resolve import resolve_config
 from results_factory import make_result
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]

@@ -16,13 +16,13 @@ import torch
 from flag_effects import running, spy
 from properties.parity_runs import Outcome, assert_clean, assert_parity, train
 
-import reference_trainers.iqn as iqn_mod
-import reference_trainers.ppo as ppo_mod
+import reference_trainers.value.iqn as iqn_mod
+import reference_trainers.ppo.trainer as ppo_mod
 from harness.stats.parity import TOLERANCES
-from reference_trainers.common.flags import EXACT, FP_REORDER, flag
-from reference_trainers.common.networks import StackedMLPs
-from reference_trainers.common.numpy_acting import NumpyMLP
-from reference_trainers.common.speedups import HostToDevice
+from reference_trainers.config.flags import EXACT, FP_REORDER, flag
+from reference_trainers.nets.networks import StackedMLPs
+from reference_trainers.paths.numpy_acting import NumpyMLP
+from reference_trainers.paths.speedups import HostToDevice
 
 STEPS, ENVS = 8, 3
 """The rollout of ``flag_effects.TINY['ppo']``: steps per sub-env, sub-envs."""

@@ -18,9 +18,10 @@ import torch
 from flag_effects import running, spy
 from properties.parity_runs import Outcome, assert_parity, train
 
-from reference_trainers.common import buffers, speedups
-from reference_trainers.common.flags import flag
-from reference_trainers.common.nstep import OneStepWriter
+from reference_trainers.replay import buffers
+from reference_trainers.paths import speedups
+from reference_trainers.config.flags import flag
+from reference_trainers.replay.writers import OneStepWriter
 
 VECTOR_STEPS, ENVS = 8, 3
 """One iteration of ``flag_effects.TINY['dqn']``: vector steps, sub-envs."""

@@ -1,4 +1,4 @@
-"""The loop DQN and IQN share (reference_trainers/common/value_based.py), for both algorithms:
+"""The loop DQN and IQN share (reference_trainers/value/loop.py), for both algorithms:
 each acting/replay flag takes its own path and keeps its parity class, the update schedule and
 target network, stability, float32 only, config errors, the standalone entry points, and the
 slow learning check of the shipped presets."""
@@ -24,17 +24,17 @@ from torch.utils._pytree import tree_flatten
 from matmul_dtypes import MatmulDtypes
 from value_trainers import ALGOS, assert_params_close, assert_params_equal, make, snapshot, tiny, train
 
-import reference_trainers.dqn as dqn_mod
-import reference_trainers.iqn as iqn_mod
+import reference_trainers.value.dqn as dqn_mod
+import reference_trainers.value.iqn as iqn_mod
 from reference_trainers import ResumableTrainer, build_trainer
-from reference_trainers.common.buffers import ListStorage, TensorStorage, UniformSampler
-from reference_trainers.common.config import ConfigError, build_config, to_plain_dict
-from reference_trainers.common.learner import NonFiniteError
-from reference_trainers.common.nstep import NStepWriter, OneStepWriter
-from reference_trainers.common.per import PrioritizedSampler
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.dqn import DQNTrainer
-from reference_trainers.iqn import IQNTrainer
+from reference_trainers.replay.buffers import ListStorage, TensorStorage, UniformSampler
+from reference_trainers.config.schema import ConfigError, build_config, to_plain_dict
+from reference_trainers.paths.learner import NonFiniteError
+from reference_trainers.replay.writers import NStepWriter, OneStepWriter
+from reference_trainers.replay.per import PrioritizedSampler
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.value.dqn import DQNTrainer
+from reference_trainers.value.iqn import IQNTrainer
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -134,7 +134,7 @@ def test_other_algorithms_sections_are_ignored_and_not_recorded() -> None:
 
 @algos
 def test_optimisation_summary_names_the_replay_storage(algo: str) -> None:
-    from reference_trainers.common.resolve import optimisation_summary
+    from reference_trainers.config.resolve import optimisation_summary
 
     line = optimisation_summary(resolve_config(build_config({"algo": algo}, ["device=cpu"])).config)
     assert "replay=list" in line.split()
@@ -501,7 +501,7 @@ def test_trainer_offers_what_the_runner_uses(algo: str) -> None:
 def test_value_trainer_module_trains_from_a_yaml_config(algo: str, tmp_path: Path) -> None:
     config = tmp_path / "cartpole.yaml"
     config.write_text(yaml.safe_dump({"env": {"id": "CartPole-v1"}, "device": "cpu"}))
-    args = [sys.executable, "-m", f"reference_trainers.{algo}", "--config", str(config), "--steps", "64"]
+    args = [sys.executable, "-m", f"reference_trainers.value.{algo}", "--config", str(config), "--steps", "64"]
     for override in tiny(algo)[1:]:
         args += ["--set", override]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)

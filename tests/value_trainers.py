@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from reference_trainers import build_trainer
-from reference_trainers.common.config import build_config
-from reference_trainers.common.resolve import resolve_config
-from reference_trainers.common.value_based import ValueTrainer
+from reference_trainers.config.schema import build_config
+from reference_trainers.config.resolve import resolve_config
+from reference_trainers.value.loop import ValueTrainer
 
 ALGOS = ("dqn", "iqn")
 

@@ -25,9 +25,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference_trainers.common.config import ConfigError, TrainConfig, build_config
-from reference_trainers.common.flags import ablation_keys
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.config.schema import ConfigError, TrainConfig, build_config
+from reference_trainers.config.flags import ablation_keys
+from reference_trainers.config.resolve import resolve_config
 
 from harness.stats import power
 from harness.stats.compare import CONFIDENCE, Ratio, paired_ratio
@@ -231,7 +231,7 @@ def _plan_own(preset: Any, target: str, overrides: list[str], only: list[str] | 
 
 def _own_arm_specs(preset: Any, plan: AblationPlan, overrides: list[str]) -> list[VariantSpec]:
     from harness.specs.own_trainer import build_own_config, own_builder
-    from reference_trainers.common.config_files import deep_merge
+    from reference_trainers.config.files import deep_merge
 
     build = own_builder(preset.trainer, [preset.folder] if preset.folder else None)
     base = preset.variant_data("baseline")

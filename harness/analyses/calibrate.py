@@ -31,7 +31,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from reference_trainers.common.config import TrainConfig, build_config
+from reference_trainers.config.schema import TrainConfig, build_config
 
 from harness.cli.options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, user_overrides
 from harness.stats.compare import CONFIDENCE, Ratio, paired_ratio
@@ -370,7 +370,7 @@ def build_report(runs: list[RunResult], variant: str, grid: list[int], threshold
 
 def run_command(args: argparse.Namespace) -> int:
     """``rlgauge calibrate``: check every input, measure, write calibration.{json,md} and runs.json."""
-    from reference_trainers.common.atomic_file import write_text_atomically
+    from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir, save_results
     from harness.measurement.runner import resolve_specs, run_variants

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reference_trainers.common.atomic_file import write_text_atomically
+from reference_trainers.state.atomic_file import write_text_atomically
 
 from harness.cli.options import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, user_overrides
 from harness.stats.compare import Ratio, paired_ratio

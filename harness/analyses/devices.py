@@ -47,7 +47,7 @@ def device_list(text: str | None) -> list[str] | None:
 
 def check_available(device: str, listed: str) -> None:
     """``UserError`` naming the devices this machine has, unless ``device`` is one of them."""
-    from reference_trainers.common import device as dev
+    from reference_trainers.runtime import device as dev
 
     base, sep, index = device.partition(":")
     if base not in ("cpu", "cuda", "mps") or (sep and (base != "cuda" or not index.isdigit())):

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reference_trainers import frames_in_step, make_vector_env
-from reference_trainers.common.config import TrainConfig
-from reference_trainers.common.flags import REGISTRY
-from reference_trainers.common.probe import PHASES
+from reference_trainers.config.schema import TrainConfig
+from reference_trainers.config.flags import REGISTRY
+from reference_trainers.runtime.probe import PHASES
 
 from harness.results import RunResult
 

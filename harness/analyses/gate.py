@@ -21,7 +21,7 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from reference_trainers.common.config_files import safe_load
+from reference_trainers.config.files import safe_load
 
 from harness.stats import power
 from harness.stats.compare import (RATE_METRICS, METRICS, Pair, Ratio, file_pairs, metric_ratio, untrustworthy_reasons,
@@ -383,7 +383,7 @@ def check_setup(pairs: list[Pair], allow: bool, sides: tuple[str, str] = ("basel
 def check_spec_setup(specs: list[Any]) -> None:
     """``gate --run`` before measuring: refuse variants (``VariantSpec``) whose algorithm, env or batch
     shape differ from the first one's (a user's preset file can set more than flags per variant)."""
-    from reference_trainers.common.config import to_plain_dict
+    from reference_trainers.config.schema import to_plain_dict
 
     first = specs[0]
     if not hasattr(first.config, "model_dump"):  # a user's trainer: its settings are free-form, its variants its own

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from reference_trainers.common.config import ConfigError, TrainConfig, to_plain_dict
-from reference_trainers.common.flags import budget_overrides
+from reference_trainers.config.schema import ConfigError, TrainConfig, to_plain_dict
+from reference_trainers.config.flags import budget_overrides
 
 from harness.stats import power
 from harness.stats import quality
@@ -126,7 +126,7 @@ def _load_peer(name: str | None) -> Any:
 
 def _peer_spec(peer: Any, name: str, baseline: VariantSpec) -> VariantSpec:
     """The peer's spec matched from the baseline's config (as ``run --peer`` builds it); its seed is the baseline's."""
-    from reference_trainers.common.resolve import resolve_config
+    from reference_trainers.config.resolve import resolve_config
 
     from harness.specs.own_trainer import OwnConfig, own_builder
 
@@ -153,7 +153,7 @@ def max_episode_steps(config: TrainConfig) -> int | None:
         return explicit
     import gymnasium as gym
 
-    from reference_trainers.common import envs  # noqa: F401 - registers rlgauge's own env ids
+    from reference_trainers.envs import factory as envs
 
     try:
         return gym.spec(config.env.id).max_episode_steps
@@ -211,7 +211,7 @@ class _Live:
 
 def run_learning(plan: Plan, *, show_progress: bool = False) -> Record:
     """Train every arm for every seed (Ctrl-C: stop, ``interrupted``; what was recorded is kept)."""
-    from reference_trainers.common import device as dev
+    from reference_trainers.runtime import device as dev
 
     record = Record({arm.name: [] for arm in plan.arms},
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
@@ -244,7 +244,7 @@ def run_learning(plan: Plan, *, show_progress: bool = False) -> Record:
 
 def _fair_threads(plan: Plan) -> Snapshot:
     """The machine's snapshot; under ``run.fair_threads`` torch's default threads capped at the free cores."""
-    from reference_trainers.common import device as dev
+    from reference_trainers.runtime import device as dev
 
     snapshot = Snapshot.take()
     cap = free_cores(snapshot.busy_cores_before)
@@ -258,7 +258,7 @@ def _fair_threads(plan: Plan) -> Snapshot:
 def _run_seed(plan: Plan, index: int, record: Record, progress: RunProgress, threads: dict[str, int]) -> None:
     """Build each arm for seed ``index`` and iterate them round-robin until each has ``plan.steps``."""
     from reference_trainers import build_trainer
-    from reference_trainers.common import device as dev
+    from reference_trainers.runtime import device as dev
 
     from harness.measurement.runner import rotated
 
@@ -524,7 +524,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 def write_outputs(out: Path, data: dict[str, Any]) -> None:
     """``learn.json``, ``learn.md`` and ``learn.png`` in ``out`` (each written atomically)."""
-    from reference_trainers.common.atomic_file import write_text_atomically
+    from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.report.plots import learning_chart
 

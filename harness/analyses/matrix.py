@@ -21,7 +21,7 @@ import markdown
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from reference_trainers.common.atomic_file import write_text_atomically
+from reference_trainers.state.atomic_file import write_text_atomically
 
 from harness.stats import power
 from harness.stats.compare import CONFIDENCE, STATE_FIELDS, Ratio, paired_ratio, quality_text, state_cells

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from reference_trainers import HostToDevice, ReplayBuffer, TransitionBatch, make_replay
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 from harness.measurement import metrics
 

@@ -26,8 +26,8 @@ from typing import Callable
 import numpy as np
 
 from reference_trainers import build_trainer
-from reference_trainers.common import device as dev
-from reference_trainers.common.resolve import VALUE_BASED, resolve_config
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.resolve import VALUE_BASED, resolve_config
 
 from harness.measurement import metrics
 from harness.specs.presets import VARIANTS, preset_names, specs_for

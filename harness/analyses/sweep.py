@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from reference_trainers.common.config_files import parse_override
-from reference_trainers.common.errors import ConfigError
+from reference_trainers.config.files import parse_override
+from reference_trainers.config.errors import ConfigError
 
 from harness.stats import power
 from harness.stats.compare import Ratio, paired_ratio

@@ -129,7 +129,7 @@ def _with_defaults(args: argparse.Namespace, **defaults: object) -> list[str]:
 def cmd_ablate(args: argparse.Namespace) -> int:
     from harness.analyses import ablate
     from harness.report.plots import ablation_chart
-    from reference_trainers.common.atomic_file import write_text_atomically
+    from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir
     from harness.measurement.runner import run_variants
@@ -165,7 +165,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.analyses import sweep
     from harness.report.plots import sweep_chart
-    from reference_trainers.common.atomic_file import write_text_atomically
+    from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir
     from harness.measurement.runner import run_variants

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import yaml
 from rich.console import Console
 
-from reference_trainers.common.config import ConfigError, to_plain_dict
+from reference_trainers.config.schema import ConfigError, to_plain_dict
 
 from harness.cli import analysis_commands as analysis
 from harness.cli.options import (DEBUG_ENV, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED,
@@ -146,7 +146,7 @@ def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing
     """Run resolved specs (``run`` and ``gate --run``): progress on stderr, table on stdout, ``--out`` written.
 
     Under torchrun every rank trains; rank 0 alone prints and writes ``--out``."""
-    from reference_trainers.common import distributed
+    from reference_trainers.runtime import distributed
 
     from harness.measurement.runner import run_variants
 
@@ -188,7 +188,7 @@ def _console() -> Console:
 
 def _join_process_group(resolutions: list) -> None:
     """Under ``distributed.enabled`` (checked against torchrun's environment), join the process group."""
-    from reference_trainers.common import distributed
+    from reference_trainers.runtime import distributed
 
     enabled = {r.config.distributed.enabled for r in resolutions}
     if len(enabled) > 1:
@@ -223,7 +223,7 @@ def _checkpointing(args: argparse.Namespace, specs: list, resolutions: list) -> 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from reference_trainers.common import distributed
+    from reference_trainers.runtime import distributed
 
     from harness.measurement.runner import resolve_specs
 
@@ -306,7 +306,7 @@ def _run_specs(args: argparse.Namespace) -> list[VariantSpec]:
 def _peer_spec(args: argparse.Namespace) -> VariantSpec:
     """The peer's spec, matched from the baseline variant's config; prints the matching table. The peer
     is built as a user's own trainer is: its factory on the public contract, through ``own_trainer``."""
-    from reference_trainers.common.resolve import resolve_config
+    from reference_trainers.config.resolve import resolve_config
 
     from harness.specs.own_trainer import OwnConfig, own_builder
     from harness.specs.peers import load_peer

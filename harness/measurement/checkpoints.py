@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainers import check_checkpointable
-from reference_trainers.common import distributed
-from reference_trainers.common.checkpoint import (FORMAT, VERSION, CheckpointError, config_differences,
+from reference_trainers.runtime import distributed
+from reference_trainers.state.checkpoint import (FORMAT, VERSION, CheckpointError, config_differences,
                                                   load_checkpoint, save_checkpoint)
-from reference_trainers.common.config import TrainConfig, to_plain_dict
+from reference_trainers.config.schema import TrainConfig, to_plain_dict
 
 from harness.errors import UserError
 

@@ -18,7 +18,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 from harness.measurement.provenance import cpu_name
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 import numpy as np
 import psutil
 
-from reference_trainers.common.probe import PHASES
+from reference_trainers.runtime.probe import PHASES
 
 
 def spread(samples: list[float]) -> dict[str, float | list[float]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from reference_trainers.common import device as dev
+from reference_trainers.runtime import device as dev
 
 _CODE_ROOT = Path(__file__).resolve().parents[2]
 

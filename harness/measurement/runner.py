@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from reference_trainers import NonFiniteError, Trainer, build_trainer
-from reference_trainers.common import device as dev
-from reference_trainers.common import distributed
-from reference_trainers.common.config import ConfigError, to_plain_dict
-from reference_trainers.common.resolve import Resolution, optimisation_summary, resolve_config
+from reference_trainers.runtime import device as dev
+from reference_trainers.runtime import distributed
+from reference_trainers.config.schema import ConfigError, to_plain_dict
+from reference_trainers.config.resolve import Resolution, optimisation_summary, resolve_config
 
 from harness.measurement import metrics
 from harness.stats import quality

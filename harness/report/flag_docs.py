@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference_trainers.common.flags import (ALGORITHM, ALGOS, BODIES, CLASS_PROMISES, DEVICES, FLAGS, OPTIMISATION,
+from reference_trainers.config.flags import (ALGORITHM, ALGOS, BODIES, CLASS_PROMISES, DEVICES, FLAGS, OPTIMISATION,
                                              SETTING, TUNINGS, Flag)
 
 ROLE_TITLES = {OPTIMISATION: "Optimisations", SETTING: "Settings of an optimisation", ALGORITHM: "Algorithm options"}
@@ -51,7 +51,7 @@ def render() -> str:
     lines = [
         "# Flag reference",
         "",
-        "Generated from the flag registry (`reference_trainers/common/flags.py`) by "
+        "Generated from the flag registry (`reference_trainers/config/flags.py`) by "
         "`python -m harness.report.flag_docs > docs/flags.md`; a test fails when this page is stale.",
         "",
         "Every optimisation is one switch with its plain path beside it. A preset's `baseline` variant runs every "

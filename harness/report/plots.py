@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from reference_trainers.common.atomic_file import write_atomically
+from reference_trainers.state.atomic_file import write_atomically
 
 from harness.stats.compare import Ratio
 from harness.stats.power import has_power

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from reference_trainers.common.atomic_file import UnsafeTargetError, check_target, write_text_atomically
+from reference_trainers.state.atomic_file import UnsafeTargetError, check_target, write_text_atomically
 
 from harness.stats.compare import Ratio, independent_ratio, paired_ratio, rate_samples
 from harness.errors import UserError

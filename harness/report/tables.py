@@ -8,7 +8,7 @@ from typing import Any, Callable
 from rich.markup import escape
 from rich.table import Table
 
-from reference_trainers.common.probe import PHASES
+from reference_trainers.runtime.probe import PHASES
 
 from harness.results import RunResult
 

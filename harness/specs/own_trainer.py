@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from reference_trainers.common.config import RunConfig, config_error_from
-from reference_trainers.common.config_files import apply_overrides, deep_merge, parse_override
-from reference_trainers.common.errors import ConfigError
+from reference_trainers.config.schema import RunConfig, config_error_from
+from reference_trainers.config.files import apply_overrides, deep_merge, parse_override
+from reference_trainers.config.errors import ConfigError
 
 from harness.errors import UserError
 
@@ -212,7 +212,7 @@ class OwnTrainer:
     def __init__(self, factory: Callable[..., Any], config: OwnConfig, device: Any, probe: Any) -> None:
         import torch
 
-        from reference_trainers.common import device as dev
+        from reference_trainers.runtime import device as dev
 
         self.label, self.config = config.trainer, config
         dev.apply_threads(None)  # torch's default (capped under fair threads) unless the factory says otherwise
@@ -239,7 +239,7 @@ class OwnTrainer:
             torch.set_num_threads(self.torch_threads)
 
     def iterate(self) -> Any:
-        from reference_trainers.common.trainer import IterationResult
+        from reference_trainers.runtime.trainer import IterationResult
 
         self.activate()
         env_steps, agent_steps, updates = step_count(self.inner.iterate(), f"--trainer {self.label}")
@@ -304,7 +304,7 @@ class OwnResolution:
 
 def resolve_own(config: OwnConfig) -> OwnResolution:
     """The variant's device resolved (``auto``: MPS > CUDA > CPU; one not here is a ``DeviceError``)."""
-    from reference_trainers.common import device as dev
+    from reference_trainers.runtime import device as dev
 
     device = dev.resolve_device(config.device)
     config.device = str(device)

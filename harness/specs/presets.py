@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from reference_trainers.common.config import TrainConfig, build_config
-from reference_trainers.common.config_files import deep_merge, read_yaml
-from reference_trainers.common.errors import ConfigError
-from reference_trainers.common.flags import optimised_variant
+from reference_trainers.config.schema import TrainConfig, build_config
+from reference_trainers.config.files import deep_merge, read_yaml
+from reference_trainers.config.errors import ConfigError
+from reference_trainers.config.flags import optimised_variant
 
 from harness.errors import UserError
 
@@ -141,7 +141,7 @@ def _parse_on_device(section: Any, variants: dict[str, Any], source: Path) -> di
 def device_kind(requested: str) -> str:
     """The kind of device a config's ``device`` names (``auto``: the one it resolves to here)."""
     if requested == "auto":
-        from reference_trainers.common.device import available_devices
+        from reference_trainers.runtime.device import available_devices
 
         return available_devices()[0]
     return requested.partition(":")[0]

@@ -3,7 +3,7 @@
 From the same seed, after K updates, a configuration is compared with the all-plain
 reference by the loosest class among the flags it turns on. The property tests
 (``tests/properties/``) and the ablation use these tolerances; which flag belongs to which
-class is declared in the flag registry (``reference_trainers/common/flags.py``).
+class is declared in the flag registry (``reference_trainers/config/flags.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_trainers.common.flags import EXACT, FLAGS, FP_REORDER, OUTCOME, PARITY_CLASSES, REDUCED_PRECISION
+from reference_trainers.config.flags import EXACT, FLAGS, FP_REORDER, OUTCOME, PARITY_CLASSES, REDUCED_PRECISION
 
 __all__ = ["CLASS_ORDER", "EXACT", "FLAG_CLASSES", "FP_REORDER", "OUTCOME", "REDUCED_PRECISION",
            "REDUCED_PRECISION_BOUNDS", "TOLERANCES", "UpdateAgreement", "UpdateBounds", "combined_class", "flag_class",

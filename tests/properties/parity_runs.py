@@ -11,10 +11,10 @@ import torch
 from harness.stats.parity import REDUCED_PRECISION, TOLERANCES, UpdateAgreement, reduced_precision_agreement
 from harness.measurement.sentinels import Float64Sentinel
 from reference_trainers import build_trainer
-from reference_trainers.common import device as dev
-from reference_trainers.common.config import build_config
-from reference_trainers.common.learner import Learner
-from reference_trainers.common.resolve import resolve_config
+from reference_trainers.runtime import device as dev
+from reference_trainers.config.schema import build_config
+from reference_trainers.paths.learner import Learner
+from reference_trainers.config.resolve import resolve_config
 from strategies import PIXEL_OVERRIDES, PROPERTY_NUM_ENVS
 
 _COMMON = ["env.id=CartPole-v1", f"env.num_envs={PROPERTY_NUM_ENVS}", "env.vectorization=serial",

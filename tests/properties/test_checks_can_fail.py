@@ -8,8 +8,8 @@ import torch
 
 from harness.stats.parity import EXACT, REDUCED_PRECISION
 from parity_runs import SEVERAL_UPDATES, assert_clean, assert_parity, reference, train
-from reference_trainers import ppo
-from reference_trainers.common.learner import Learner, NonFiniteError
+from reference_trainers.ppo import trainer as ppo
+from reference_trainers.paths.learner import Learner, NonFiniteError
 
 
 def test_float64_sentinel_catches_a_planted_float64_op(monkeypatch: pytest.MonkeyPatch) -> None:

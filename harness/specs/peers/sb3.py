@@ -26,8 +26,8 @@ from stable_baselines3.common.vec_env import VecEnvWrapper
 from torch import nn
 
 from reference_trainers import IterationResult
-from reference_trainers.common.config import TrainConfig
-from reference_trainers.common.probe import NullProbe, Probe
+from reference_trainers.config.schema import TrainConfig
+from reference_trainers.runtime.probe import NullProbe, Probe
 
 from harness.errors import UserError
 

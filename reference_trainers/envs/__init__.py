@@ -1,0 +1,2 @@
+"""Environments: construction and the vector backends (serial, async, EnvPool), Atari, partially observed
+tasks, episode tracking."""

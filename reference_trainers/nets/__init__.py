@@ -1,0 +1,1 @@
+"""Networks: the bodies (MLP, CNN, recurrent) and their hand-written MLP passes."""

@@ -1,0 +1,253 @@
+"""``optimizations.numpy_update``: the hand-written minibatch step of PPO and DQN in NumPy, on the CPU.
+
+``analytic_grads`` removes autograd from a small update, but each of its torch ops still
+spends microseconds in dispatch for a few thousand multiply-adds, and torch's CPU tanh kernel
+is several times slower than NumPy's on a minibatch's activations. Here the same forward,
+loss gradients (``ppo.ppo_loss_grads``; DQN's Huber TD gradient, ``dqn.DQNTrainer._td_gradient``),
+backward (``analytic.mlp_backward``) and gradient clipping run as NumPy calls on zero-copy
+views: the weights (and DQN's target network) are read through views of the parameters, the
+gradients are written into views of the learner's flat gradient buffer, and the optimiser
+step stays torch's fused Adam kernel. Same maths, other kernels and summation order: the
+fp-reorder parity class. Guarded by tests/test_numpy_update.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from reference_trainers.nets.analytic import ACTIVATION_NAMES
+from reference_trainers.nets.networks import MLP
+from reference_trainers.paths.numpy_acting import NumpyMLP, column_sums, host_view, relu_, row_max, row_sums, taken_index
+
+STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
+"""The statistics a PPO step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
+DQN_STAT_NAMES = ("loss", "q_values", "nonfinite")
+"""The 0-d statistics a DQN step returns (``dqn.DQNTrainer.loss``'s, and the non-finite flag)."""
+
+
+@dataclass
+class HostLinear:
+    """A linear layer's weight and bias, and their gradients, as NumPy views of the torch tensors."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    weight_grad: np.ndarray
+    bias_grad: np.ndarray
+    activation: str | None
+    """The activation applied to this layer's input (None for the first layer)."""
+
+
+class HostMLP:
+    """An ``MLP``'s forward and hand-written backward in float32 NumPy over views of its
+    parameters and of their ``.grad`` tensors (which must exist: the learner's flat buffer)."""
+
+    def __init__(self, mlp: MLP) -> None:
+        self.layers: list[HostLinear] = []
+        activation: str | None = None
+        for layer in mlp:
+            if isinstance(layer, nn.Linear):
+                if layer.weight.grad is None or layer.bias.grad is None:
+                    raise ValueError("numpy_update writes into existing gradient tensors (the learner's flat buffer)")
+                self.layers.append(HostLinear(host_view(layer.weight), host_view(layer.bias),
+                                              host_view(layer.weight.grad), host_view(layer.bias.grad), activation))
+                activation = None
+            else:
+                activation = ACTIVATION_NAMES[type(layer)]
+
+    def forward(self, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The output for ``x`` (rows, inputs) and each linear layer's input, for ``backward``."""
+        inputs: list[np.ndarray] = []
+        for layer in self.layers:
+            if layer.activation == "tanh":
+                np.tanh(x, out=x)
+            elif layer.activation == "relu":
+                relu_(x)
+            inputs.append(x)
+            x = x @ layer.weight.T  # a fresh array: the next activation works in place
+            x += layer.bias
+        return x, inputs
+
+    def backward(self, inputs: Sequence[np.ndarray], grad_out: np.ndarray) -> None:
+        """Write every weight's and bias's gradient from d loss / d output (``analytic.mlp_backward``)."""
+        for index in range(len(self.layers) - 1, -1, -1):
+            layer, layer_input = self.layers[index], inputs[index]
+            np.matmul(grad_out.T, layer_input, out=layer.weight_grad)
+            column_sums(grad_out, out=layer.bias_grad)
+            if index == 0:
+                return
+            grad_out = np.dot(grad_out, layer.weight)  # BLAS for a one-column gradient too (matmul is not)
+            if layer.activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
+                slope = np.square(layer_input)
+                np.subtract(1.0, slope, out=slope)
+                grad_out *= slope
+            else:  # relu: the gradient passes where the output is positive
+                grad_out *= layer_input > 0
+
+
+def _max_share(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``ppo._max_share``: 1, 0, or 1/2 at a tie."""
+    return (np.sign(a - b) + 1.0) * 0.5
+
+
+def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, old_logprob: np.ndarray,
+                   advantages: np.ndarray, returns: np.ndarray, old_value: np.ndarray, mask: np.ndarray,
+                   clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ppo.ppo_loss_grads`` in NumPy: (loss then the statistics of ``STAT_NAMES`` but the last,
+    as one float32 array; d loss / d logits; d loss / d values)."""
+    count = max(mask.sum(), np.float32(1.0))
+    weight = mask / count
+    if norm_adv:  # Bessel-corrected, as in ppo_loss
+        centered = advantages - advantages @ weight
+        advantages = centered / (np.sqrt((centered * centered) @ mask / max(count - 1, np.float32(1.0))) + 1e-8)
+    shifted = logits - row_max(logits)[:, None]
+    probs = np.exp(shifted)
+    log_probs = shifted - np.log(row_sums(probs))[:, None]
+    np.exp(log_probs, out=probs)
+    taken = taken_index(actions, logits.shape[1])
+    log_ratio = log_probs.take(taken) - old_logprob
+    ratio = np.exp(log_ratio)
+    low, high = 1 - clip_coef, 1 + clip_coef
+    neg_adv = -advantages
+    unclipped, clipped = neg_adv * ratio, neg_adv * np.clip(ratio, low, high)
+    value_error = value - returns
+    if clip_vloss:
+        value_step = value - old_value
+        clipped_error = old_value + np.clip(value_step, -clip_coef, clip_coef) - returns
+        squared, clipped_squared = np.square(value_error), np.square(clipped_error)
+        value_terms = np.maximum(squared, clipped_squared)
+    else:
+        value_terms = np.square(value_error)
+    ratio_step = ratio - 1.0
+    terms = np.stack([np.maximum(unclipped, clipped), value_terms, -row_sums(probs * log_probs),
+                      ratio_step - log_ratio, (np.abs(ratio_step) > clip_coef).astype(np.float32)])
+    pg_loss, value_sum, entropy, approx_kl, clip_fraction = terms @ weight
+    v_loss = 0.5 * value_sum
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+
+    share = np.where((ratio >= low) & (ratio <= high), np.float32(1.0), _max_share(unclipped, clipped))
+    grad_logprob = weight * neg_adv * share * ratio
+    grad_log_probs = (log_probs + 1.0) * probs * (weight * ent_coef)[:, None]
+    grad_log_probs.reshape(-1)[taken] += grad_logprob  # one index per row: no repeats
+    grad_logits = grad_log_probs - probs * row_sums(grad_log_probs)[:, None]
+    if clip_vloss:
+        share_v = _max_share(squared, clipped_squared)
+        passes = (value_step >= -clip_coef) & (value_step <= clip_coef)
+        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
+    else:
+        slope = value_error
+    grad_value = slope * (weight * vf_coef)
+    scalars = np.array([loss, pg_loss, v_loss, entropy, approx_kl, clip_fraction], dtype=np.float32)
+    return scalars, grad_logits, grad_value
+
+
+class FlatGradients:
+    """The learner's flat gradient buffer as a NumPy view: clipping and the non-finite check."""
+
+    def __init__(self, flat_grad: torch.Tensor, networks: Sequence[HostMLP], max_grad_norm: float | None) -> None:
+        self.flat = host_view(flat_grad)
+        for layer in (layer for network in networks for layer in network.layers):
+            for grad in (layer.weight_grad, layer.bias_grad):
+                if not np.shares_memory(grad, self.flat):
+                    raise ValueError("numpy_update needs every gradient in the learner's flat buffer")
+        self.max_grad_norm = max_grad_norm
+
+    def clip(self, loss: np.floating) -> tuple[np.float32, np.float32]:
+        """Clip to ``max_grad_norm`` (``Learner._clip_scale``); (norm before, non-finite flag 0/1)."""
+        flat = self.flat
+        grad_norm = np.sqrt(flat @ flat)
+        if self.max_grad_norm is not None:
+            flat *= np.minimum(self.max_grad_norm / (grad_norm + np.float32(1e-6)), np.float32(1.0))
+        return grad_norm, np.float32(not (np.isfinite(loss) and np.isfinite(grad_norm)))
+
+
+def _host(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A NumPy view of a CPU tensor (an array as it is)."""
+    return x if isinstance(x, np.ndarray) else x.numpy()
+
+
+def _as_tensors(*values: np.floating) -> list[torch.Tensor]:
+    """0-d float32 tensors of host scalars (one array, one conversion)."""
+    return list(torch.from_numpy(np.array(values, dtype=np.float32)).unbind())
+
+
+class HostPPOStep:
+    """One PPO minibatch's loss, every gradient and their clipping, in NumPy (``numpy_update``).
+
+    Called as the learner's loss closure that clips itself: returns (loss, statistics with
+    ``nonfinite``, gradient norm before clipping) as 0-d torch tensors; the gradients are in
+    ``flat_grad`` (the parameters' ``.grad``) when it returns."""
+
+    def __init__(self, actor: MLP, critic: MLP, flat_grad: torch.Tensor, max_grad_norm: float | None,
+                 clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool) -> None:
+        self.actor, self.critic = HostMLP(actor), HostMLP(critic)
+        self.grads = FlatGradients(flat_grad, (self.actor, self.critic), max_grad_norm)
+        self.coefs = (np.float32(clip_coef), clip_vloss, np.float32(ent_coef), np.float32(vf_coef), norm_adv)
+
+    def __call__(self, obs: torch.Tensor | np.ndarray, *rest: torch.Tensor | np.ndarray
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """``obs``, then actions, old log-probabilities, advantages, returns, old values and the
+        mask: CPU tensors, or NumPy arrays (``ppo._host_packed_gather``'s column views)."""
+        obs_h = np.ascontiguousarray(_host(obs).reshape(len(obs), -1))  # a column view of the packed minibatch
+        logits, actor_inputs = self.actor.forward(obs_h)
+        value, critic_inputs = self.critic.forward(obs_h)
+        scalars, grad_logits, grad_value = ppo_loss_grads(logits, value[:, 0], *(_host(x) for x in rest), *self.coefs)
+        self.actor.backward(actor_inputs, grad_logits)
+        self.critic.backward(critic_inputs, grad_value[:, None])
+        grad_norm, nonfinite = self.grads.clip(scalars[0])
+        loss, *stats, norm = _as_tensors(*scalars, nonfinite, grad_norm)
+        return loss, dict(zip(STAT_NAMES, stats)), norm
+
+
+class HostDQNStep:
+    """One DQN minibatch's Huber TD loss, the Q-network's gradients and their clipping, in NumPy
+    (``numpy_update``; ``dqn.DQNTrainer.analytic_loss``'s maths). The target network (and, with
+    double Q-learning, the online one) evaluates the next observations through views of its
+    weights. Returns what ``HostPPOStep`` does; ``priority`` is the per-sample |TD error|."""
+
+    def __init__(self, online: MLP, target: MLP, flat_grad: torch.Tensor, max_grad_norm: float | None,
+                 double_q: bool) -> None:
+        self.online, self.target = HostMLP(online), NumpyMLP.of(target)
+        self.online_next = NumpyMLP.of(online) if double_q else None
+        self.grads = FlatGradients(flat_grad, (self.online,), max_grad_norm)
+
+    def __call__(self, obs: torch.Tensor | np.ndarray, actions: torch.Tensor | np.ndarray,
+                 rewards: torch.Tensor | np.ndarray, next_obs: torch.Tensor | np.ndarray,
+                 bootstrap: torch.Tensor | np.ndarray, weights: torch.Tensor | np.ndarray | None = None
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """A minibatch as CPU tensors, or NumPy arrays (``ReplayBuffer.host_gather``'s)."""
+        next_obs_h = _host(next_obs)
+        next_q = self.target(next_obs_h)
+        rows = np.arange(next_q.shape[0])
+        if self.online_next is None:
+            next_value = next_q.max(axis=1)
+        else:  # double Q-learning: the online network picks, the target network values
+            next_value = next_q[rows, self.online_next(next_obs_h).argmax(axis=1)]
+        targets = _host(rewards) + _host(bootstrap) * next_value
+        q, inputs = self.online.forward(np.ascontiguousarray(_host(obs)))
+        taken = _host(actions)
+        q_taken = q[rows, taken]
+        error = q_taken - targets
+        size = np.abs(error)
+        per_sample = np.where(size < 1.0, 0.5 * error * error, size - 0.5)  # smooth L1, beta 1
+        count = np.float32(len(error))  # the means as sum / count: np.mean's sum and division, without its overhead
+        slope = np.clip(error, -1.0, 1.0) / count
+        if weights is None:
+            loss = per_sample.sum() / count
+        else:
+            weights_h = _host(weights)
+            loss = (weights_h * per_sample).sum() / count
+            slope *= weights_h
+        grad_q = np.zeros_like(q)
+        grad_q[rows, taken] = slope
+        self.online.backward(inputs, grad_q)
+        grad_norm, nonfinite = self.grads.clip(loss)
+        loss_t, q_mean, nonfinite_t, norm = _as_tensors(loss, q_taken.sum() / count, nonfinite, grad_norm)
+        stats = dict(zip(DQN_STAT_NAMES, (loss_t, q_mean, nonfinite_t)))
+        stats["priority"] = torch.from_numpy(size)
+        return loss_t, stats, norm

@@ -1,0 +1,725 @@
+"""PPO (Schulman et al. 2017; CleanRL-style): clipped policy and value objective, GAE,
+entropy bonus, minibatch epochs, gradient clipping.
+
+Read top to bottom: pure step functions (sampling, GAE, loss), then ``PPOTrainer``, which
+builds envs, network, optimiser and storage from a ``TrainConfig`` and picks, flag by
+flag, the plain or the optimised path. With every flag plain this is the reference
+algorithm. Autoreset follows gymnasium's NEXT_STEP semantics on every backend: the step
+after an episode ends is a reset step, masked out of the loss and advantages.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reference_trainers.nets import analytic
+from reference_trainers.runtime import distributed
+from reference_trainers.paths import numpy_acting as host
+from reference_trainers.config.schema import ConfigError, TrainConfig
+from reference_trainers.envs.factory import frames_in_step, open_vector_env
+from reference_trainers.envs.episodes import EpisodeTracker
+from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
+from reference_trainers.nets.networks import ActorCritic, StackedMLPs
+from reference_trainers.paths.numpy_update import HostPPOStep
+from reference_trainers.paths.prefetch import Prefetcher
+from reference_trainers.runtime.probe import NullProbe, Probe
+from reference_trainers.config.resolve import Resolution, resolve_config
+from reference_trainers.paths.speedups import CompiledOrEager, HostToDevice, hand_written_step
+from reference_trainers.runtime.trainer import IterationResult, train_from_command_line
+from reference_trainers.state.trainer_state import Checkpointable
+
+LOG_2PI = math.log(2 * math.pi)
+
+__all__ = ["PPOTrainer", "compute_gae", "compute_gae_fused", "ppo_loss", "ppo_loss_grads"]
+
+
+# --------------------------------------------------------------------------- pure functions
+
+def action_noise(rows: int, discrete: bool, action_shape: tuple[int, ...], generator: torch.Generator,
+                 device: torch.device) -> torch.Tensor:
+    """One step's sampling noise for ``rows`` sub-envs, drawn in one call whatever the inference path.
+
+    A row's action depends only on its own row of noise, so a per-env forward, chunked or
+    batched inference sample the same actions on every device (CUDA's generator gives
+    other numbers for one call of N than for N calls of one).
+    """
+    if discrete:  # one uniform per row: inverse-CDF sampling
+        return torch.rand(rows, generator=generator, device=device)
+    return torch.randn((rows, *action_shape), generator=generator, device=device, dtype=torch.float32)
+
+
+def sample_action(actor_out: torch.Tensor, log_std: torch.Tensor | None, noise: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Actions and their log-probabilities (float32) from the policy head and this step's ``action_noise``."""
+    actor_out = actor_out.float()
+    if log_std is None:  # categorical over logits: the first action whose cumulative probability reaches u
+        log_probs = F.log_softmax(actor_out, dim=-1)
+        below = log_probs.exp().cumsum(-1) < noise.unsqueeze(-1)
+        action = below.sum(-1).clamp_(max=actor_out.shape[-1] - 1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    action = actor_out + log_std.exp() * noise
+    return action, gaussian_log_prob(actor_out, log_std, action)
+
+
+def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """Diagonal Gaussian log-density, summed over action dimensions."""
+    z = (action - mean) * torch.exp(-log_std)
+    return (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
+
+
+def evaluate_actions(actor_out: torch.Tensor, log_std: torch.Tensor | None, action: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability and entropy of given actions under the current policy."""
+    actor_out = actor_out.float()
+    if log_std is None:
+        log_probs = F.log_softmax(actor_out, dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy
+    entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1).expand(actor_out.shape[0])
+    return gaussian_log_prob(actor_out, log_std, action), entropy
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor, terminated: torch.Tensor,
+                truncated: torch.Tensor, valid: torch.Tensor, gamma: float, lam: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over a (T, N) rollout.
+
+    Terminated steps do not bootstrap; truncated steps bootstrap from the value of the
+    final observation (under NEXT_STEP that is the next stored observation); both cut the
+    GAE chain. Reset steps (``valid == 0``) get zero advantage.
+    """
+    steps = rewards.shape[0]
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(steps)):
+        delta = rewards[t] + gamma * next_values[t] * (1.0 - terminated[t]) - values[t]
+        continues = (1.0 - terminated[t]) * (1.0 - truncated[t])
+        running = (delta + gamma * lam * continues * running) * valid[t]
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def compute_gae_fused(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor,
+                      terminated: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor, gamma: float,
+                      lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``compute_gae`` with the TD errors and the chain coefficients computed for the whole
+    rollout at once, leaving one multiply-add per time step (``fused_gae``): a fused torch op,
+    or on the CPU two NumPy calls on views of the same tensors (a fraction of torch's dispatch)."""
+    steps = rewards.shape[0]
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    not_terminated = 1.0 - terminated
+    deltas = (rewards + gamma * next_values * not_terminated - values) * valid
+    chain = gamma * lam * not_terminated * (1.0 - truncated) * valid
+    advantages = torch.empty_like(rewards)
+    if advantages.device.type == "cpu":
+        _chain_on_host(deltas.numpy(), chain.numpy(), advantages.numpy())
+    else:
+        running = torch.zeros_like(next_value)
+        for t in reversed(range(steps)):
+            running = torch.addcmul(deltas[t], chain[t], running, out=advantages[t])
+    return advantages, advantages + values
+
+
+def _chain_on_host(deltas: np.ndarray, chain: np.ndarray, out: np.ndarray) -> None:
+    """``out[t] = deltas[t] + chain[t] * out[t + 1]`` backwards from the last step (0 after it)."""
+    running, scaled = np.zeros_like(deltas[0]), np.empty_like(deltas[0])
+    for t in range(len(deltas) - 1, -1, -1):
+        np.multiply(chain[t], running, out=scaled)
+        running = np.add(deltas[t], scaled, out=out[t])
+
+
+def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor, old_logprob: torch.Tensor,
+             advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
+             cfg: "PPOLossCoefs") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + (clipped) value loss - entropy bonus, averaged over valid samples."""
+    count = mask.sum().clamp_min(1.0)
+    masked_mean = lambda x: (x * mask).sum() / count  # noqa: E731
+    if cfg.norm_adv:  # per minibatch, with Bessel's correction (torch's std, as CleanRL and SB3)
+        mean = masked_mean(advantages)
+        std = torch.sqrt(((advantages - mean) ** 2 * mask).sum() / (count - 1.0).clamp_min(1.0))
+        advantages = (advantages - mean) / (std + 1e-8)
+    log_ratio = new_logprob - old_logprob
+    ratio = log_ratio.exp()
+    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
+    if cfg.clip_vloss:
+        clipped = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
+        v_loss = 0.5 * masked_mean(torch.max((new_value - returns) ** 2, (clipped - returns) ** 2))
+    else:
+        v_loss = 0.5 * masked_mean((new_value - returns) ** 2)
+    entropy_loss = masked_mean(entropy)
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+            "approx_kl": masked_mean((ratio - 1) - log_ratio),
+            "clip_fraction": masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float()),
+        }
+    return loss, stats
+
+
+def _max_share(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The share of the gradient of ``torch.max(a, b)`` that goes to ``a``: 1, 0, or 1/2 at a tie (as in autograd)."""
+    return (torch.sign(a - b) + 1.0) * 0.5
+
+
+def _clamp_passes(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Where ``clamp(x, low, high)`` passes the gradient: inside the range, bounds included."""
+    return (x >= low) & (x <= high)
+
+
+def ppo_loss_grads(actor_out: torch.Tensor, new_value: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                   advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
+                   cfg: PPOLossCoefs) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``ppo_loss`` of categorical logits, and its gradient with respect to the logits and the
+    values, derived by hand (``analytic_grads``); returns (loss, stats, d loss/d logits, d loss/d values).
+
+    The same maths as ``ppo_loss`` + ``evaluate_actions`` under autograd, with fewer ops: the
+    masked means are one matrix-vector product with ``mask / count``, and each ``max``/``clamp``
+    pair's gradient is one share (ties split in half, clamp bounds included, as autograd does).
+    Agreement with autograd: tests/test_analytic.py."""
+    count = mask.sum().clamp_min(1.0)
+    weight = mask / count  # masked_mean(x) = x . weight
+    if cfg.norm_adv:  # Bessel-corrected, as in ppo_loss
+        centered = advantages - advantages.dot(weight)
+        advantages = centered / ((centered.square().dot(mask) / (count - 1.0).clamp_min(1.0)).sqrt() + 1e-8)
+    log_probs = F.log_softmax(actor_out, dim=-1)
+    probs = log_probs.exp()
+    taken = actions.long().unsqueeze(-1)
+    log_ratio = log_probs.gather(-1, taken).squeeze(-1) - old_logprob
+    ratio = log_ratio.exp()
+    low, high = 1 - cfg.clip_coef, 1 + cfg.clip_coef
+    neg_adv = -advantages
+    unclipped, clipped = neg_adv * ratio, neg_adv * ratio.clamp(low, high)
+    value_error = new_value - returns
+    if cfg.clip_vloss:
+        value_step = new_value - old_value
+        clipped_error = old_value + value_step.clamp(-cfg.clip_coef, cfg.clip_coef) - returns
+        squared, clipped_squared = value_error.square(), clipped_error.square()
+        value_terms = torch.maximum(squared, clipped_squared)
+    else:
+        value_terms = value_error.square()
+    ratio_step = ratio - 1.0
+    terms = torch.stack([torch.maximum(unclipped, clipped), value_terms, -(probs * log_probs).sum(-1),
+                         ratio_step - log_ratio, (ratio_step.abs() > cfg.clip_coef).float()])
+    pg_loss, value_sum, entropy_loss, approx_kl, clip_fraction = terms.mv(weight).unbind()
+    v_loss = 0.5 * value_sum
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+
+    # policy: the max's share to the unclipped side, else the clamp's pass-through, then exp
+    share = torch.where(_clamp_passes(ratio, low, high), 1.0, _max_share(unclipped, clipped))
+    grad_logprob = weight * neg_adv * share * ratio
+    # entropy -(p * log p).sum(-1) with p = exp(log p): d/d log p = -p * (1 + log p) per unit of entropy
+    grad_log_probs = (log_probs + 1.0) * probs * (weight * cfg.ent_coef).unsqueeze(-1)
+    grad_log_probs = grad_log_probs.scatter_add(-1, taken, grad_logprob.unsqueeze(-1))
+    grad_logits = grad_log_probs - probs * grad_log_probs.sum(-1, keepdim=True)  # log_softmax backward
+    # value: 0.5 * vf_coef * mean of the (clipped) squared error; d (e^2) = 2e
+    if cfg.clip_vloss:
+        share_v = _max_share(squared, clipped_squared)
+        passes = _clamp_passes(value_step, -cfg.clip_coef, cfg.clip_coef)
+        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
+    else:
+        slope = value_error
+    grad_value = slope * (weight * cfg.vf_coef)
+    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss, "approx_kl": approx_kl,
+             "clip_fraction": clip_fraction}
+    return loss, stats, grad_logits, grad_value
+
+
+@dataclass(frozen=True)
+class PPOLossCoefs:
+    clip_coef: float
+    clip_vloss: bool
+    ent_coef: float
+    vf_coef: float
+    norm_adv: bool
+
+
+def _host_packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[np.ndarray, ...]]:
+    """``packed_gather`` for ``numpy_update``: the batch packed column-wise into one float32 NumPy
+    array (observations flattened), so that a minibatch is one ``take`` and column views; the
+    rows are the ones the same indices select from the torch batch."""
+    rows = batch[0].shape[0]
+    columns = [x.reshape(rows, -1).float().numpy() for x in batch]
+    packed = np.concatenate(columns, axis=1)
+    obs_width = columns[0].shape[1]
+
+    def gather(idx: torch.Tensor) -> tuple[np.ndarray, ...]:
+        minibatch = packed.take(idx.numpy(), axis=0)
+        return (minibatch[:, :obs_width], *(minibatch[:, obs_width + i] for i in range(len(columns) - 1)))
+    return gather
+
+
+# --------------------------------------------------------------------------- trainer
+
+class PPOTrainer(Checkpointable):
+    """Build everything from a config; ``iterate()`` = one rollout + one update phase.
+
+    ``state_dict()`` between iterations needs no rollout storage: ``collect`` rewrites all of it."""
+
+    algo = "ppo"
+
+    def __init__(self, config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> None:
+        res = resolution or resolve_config(config)
+        self.config, self.device, self.reasons = res.config, res.device, res.reasons
+        self.probe: Probe = probe or NullProbe()
+        c, o = self.config, self.config.optimizations
+        distributed.join(c.distributed, self.device)
+        seed = distributed.rank_seed(c.seed, c.env.num_envs)
+        torch.manual_seed(c.seed)  # the network starts alike on every rank
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+        opened = open_vector_env(c.env, seed, c.model.body)
+        self.envs, self.next_obs, self.num_envs = opened.envs, opened.next_obs, c.env.num_envs
+        self.obs_dim, self.frames, self.obs_shape = opened.obs_dim, opened.frames, opened.obs_shape
+        action_space = self.envs.single_action_space
+        self.model = self.build_model(action_space).to(self.device)
+        self.discrete = self.model.discrete
+        if not self.discrete:
+            self.action_low = action_space.low.astype(np.float32)
+            self.action_high = action_space.high.astype(np.float32)
+
+        # optimisations, each picking one path
+        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
+                                      uint8=bool(o.uint8_transfer))
+        self.prefetcher = Prefetcher(o.num_workers)
+        self.analytic = bool(o.analytic_grads)
+        if self.analytic and not (isinstance(self.model, ActorCritic) and self.discrete and self.model.torso is None
+                                  and analytic.supports(self.model.actor) and analytic.supports(self.model.critic)):
+            raise ConfigError("optimizations.analytic_grads: true needs the feed-forward MLP actor-critic with discrete "
+                              "actions; accepted here: false or auto")
+        loss = self._minibatch_analytic if self.analytic else self._minibatch_loss
+        self.learner = Learner(self.model, loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
+                               sets_grads=self.analytic)
+        self.forward = maybe_compile(self.learner.train_model, o)
+        self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
+        self.loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
+        self.numpy_update = bool(o.numpy_update)
+        if self.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
+            if not self.analytic:
+                raise ConfigError("optimizations.numpy_update: true needs analytic_grads; accepted here: false or auto")
+            self.learner.loss = HostPPOStep(self.model.actor, self.model.critic, self.learner.flat_grad,
+                                            c.stability.max_grad_norm, **asdict(self.loss_coefs))
+        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
+        self.analytic_step: CompiledOrEager | None = None
+        if self.analytic and o.compile_train_step:
+            networks = list(self.model.actor.parameters()) + list(self.model.critic.parameters())
+            self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
+            self.analytic_step = hand_written_step(self._analytic_grads, cpp_wrapper=bool(o.compile_cpp_wrapper))
+        self.aten_tanh_from = analytic.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
+        self.numpy_acting = bool(o.numpy_acting)
+        self.block_noise = bool(o.block_noise)  # the rollout's sampling uniforms drawn in one call as it starts
+        self.noise_block: np.ndarray | None = None
+        self.noise_row = 0
+        self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
+                    else self._act_per_env)
+        self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
+        self.lean = bool(o.lean_rollout)
+        self.stacked_mlps = bool(o.stacked_mlps)
+        if self.stacked_mlps and not self._stackable():
+            raise ConfigError("optimizations.stacked_mlps: true needs the feed-forward MLP actor-critic acting through "
+                              "its own forward (no compile_model, no DDP); accepted here: false or auto")
+        self.stacked: StackedMLPs | None = None  # stacked_mlps: the torch acting snapshot of actor and critic
+        self.host_policy: tuple[host.NumpyMLP, ...] | None = None  # numpy_acting: the NumPy acting forward(s)
+        self.host_split = 0
+        self.gae = compute_gae_fused if o.fused_gae else compute_gae
+        self.packed = bool(o.packed_gather)
+
+        self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
+        self._allocate_storage()
+        self.env_steps = self.agent_steps = self.updates = self.iterations = 0
+        self.last_stats: dict[str, float] = {}
+
+    def build_model(self, action_space: gym.Space) -> nn.Module:
+        """The feed-forward actor-critic (``recurrent_ppo.py`` builds a recurrent one)."""
+        if self.config.model.recurrent != "none":
+            raise ConfigError(f"model.recurrent: {self.config.model.recurrent!r} needs RecurrentPPOTrainer "
+                              "(reference_trainers.build_trainer picks it); PPOTrainer accepts: none")
+        return ActorCritic(self.obs_shape, action_space, self.config.model)
+
+    # the update machinery lives in the shared Learner; these are its parts, by their old names
+    optimizer = property(lambda self: self.learner.optimizer)
+    scaler = property(lambda self: self.learner.scaler)
+    stats = property(lambda self: self.learner.stats)
+    nonfinite_events = property(lambda self: self.learner.nonfinite_events)
+    _graphed = property(lambda self: self.learner.graphed)
+
+    @property
+    def loss_and_grads(self):  # noqa: ANN201 - the (possibly compiled) train-step closure
+        return self.learner.loss_and_grads
+
+    @loss_and_grads.setter
+    def loss_and_grads(self, fn) -> None:  # noqa: ANN001
+        self.learner.loss_and_grads = fn
+
+    def rng_generators(self) -> dict[str, torch.Generator]:
+        return {"sampling": self.generator}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self._drop_snapshots()  # the loaded weights replace those the acting snapshots were taken from
+
+    # ----------------------------------------------------------------- storage
+    def _allocate_storage(self) -> None:
+        T, N, d = self.config.ppo.num_steps, self.num_envs, self.device
+        zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=d)  # noqa: E731
+        # uint8 frames are stored as they arrive with uint8_transfer (float32 values 0..255 otherwise)
+        obs_dtype = torch.uint8 if self.frames and self.config.optimizations.uint8_transfer else torch.float32
+        self.obs_buf = zeros(T, N, *self.obs_shape, dtype=obs_dtype)
+        self.actions_buf = zeros(T, N, dtype=torch.int64) if self.discrete else zeros(T, N, *self.model.log_std.shape)
+        self.logprobs_buf, self.values_buf, self.rewards_buf = zeros(T, N), zeros(T, N), zeros(T, N)
+        self.terminated_buf, self.truncated_buf, self.valid_buf = zeros(T, N), zeros(T, N), zeros(T, N)
+        self.episode_over = np.zeros(N, dtype=bool)  # the next step of this sub-env is a reset step
+        # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
+        self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
+        # lean_rollout with numpy_acting: the rollout's observations staged on the host, copied once per rollout
+        staged_obs = self.lean and self.numpy_acting
+        self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if staged_obs else None
+
+    # ----------------------------------------------------------------- acting
+    def _action_noise(self) -> torch.Tensor:
+        """This step's sampling noise for every sub-env (see ``action_noise``)."""
+        shape = () if self.discrete else tuple(self.model.log_std.shape)
+        return action_noise(self.num_envs, self.discrete, shape, self.generator, self.device)
+
+    def _host_noise(self) -> np.ndarray:
+        """``numpy_acting``: this step's sampling noise as a NumPy row. Plain: one torch call per step.
+        ``block_noise``: the next row of the block ``collect`` drew as the rollout started (on the
+        CPU one call for (steps, envs) gives the same numbers, in order, as one call per step)."""
+        block = self.noise_block
+        if block is not None and self.noise_row < len(block):
+            self.noise_row += 1
+            return block[self.noise_row - 1]
+        return self._action_noise().numpy()
+
+    def _stackable(self) -> bool:
+        """Whether acting can run through a stacked snapshot (``stacked_mlps``): an MLP actor and
+        critic without a torso, acting through the model's own forward (not compiled, not DDP)."""
+        model = self.model
+        plain_model = self.forward is model and isinstance(model, ActorCritic) and model.torso is None
+        return plain_model and analytic.supports(model.actor) and analytic.supports(model.critic)
+
+    def _drop_snapshots(self) -> None:
+        """Forget the acting snapshots (stacked torch network, NumPy forwards): the weights changed."""
+        self.stacked = self.host_policy = None
+
+    def _actor_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor output, value) for acting: the model's own forward (plain), or under ``stacked_mlps``
+        one stacked network (``StackedMLPs``, snapshot once per rollout: one matmul per layer for both)."""
+        if not self.stacked_mlps:
+            return self.forward(obs)
+        if self.stacked is None:
+            self.stacked = StackedMLPs(self.model.actor, self.model.critic)
+        actor_out, value = self.stacked(obs)
+        return actor_out, value.squeeze(-1)
+
+    def _policy(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            with self.learner.autocast():
+                actor_out, value = self._actor_critic(obs)
+            log_std = None if self.discrete else self.model.log_std
+            action, logprob = sample_action(actor_out, log_std, noise)
+        return action, logprob, value.float()
+
+    def _act_per_env(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+        """Plain path: one forward per sub-env and a host copy of each action."""
+        probe = self.probe
+        obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
+        with probe.phase("inference"):
+            noise = self._action_noise()
+        for i in range(self.num_envs):
+            with probe.phase("transfer"):
+                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
+            with probe.phase("inference"):
+                action, logprob, value = self._policy(obs_i, noise[i:i + 1])
+                host_actions.append(action.cpu().numpy()[0])
+            obs_rows.append(obs_i)
+            actions.append(action)
+            logprobs.append(logprob)
+            values.append(value)
+        return (torch.cat(obs_rows), torch.cat(actions), torch.cat(logprobs), torch.cat(values), np.stack(host_actions))
+
+    def _act_batched(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+        """Optimised path: one host->device copy, batched forward (chunked), one host copy of actions."""
+        with self.probe.phase("transfer"):
+            obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
+        with self.probe.phase("inference"):
+            chunk = self.config.optimizations.inference_batch_size or self.num_envs
+            noise = self._action_noise()
+            if chunk >= self.num_envs:
+                action, logprob, value = self._policy(obs_t, noise)
+            else:
+                parts = [self._policy(obs_t[s:s + chunk], noise[s:s + chunk]) for s in range(0, self.num_envs, chunk)]
+                action, logprob, value = (torch.cat(p) for p in zip(*parts))
+            host_actions = action.cpu().numpy()
+        return obs_t, action, logprob, value, host_actions
+
+    def _numpy_forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``numpy_acting``: (actor output, value) in NumPy, in forwards of ``inference_chunk`` rows.
+        Plain: the actor and the critic as two forwards over views of their weights. Under
+        ``stacked_mlps``: one side-by-side forward, a snapshot per rollout (contiguous weight copies;
+        wide acting batches split the block-diagonal layers)."""
+        actor, critic = self.model.actor, self.model.critic
+        if self.host_policy is None:
+            self.host_policy = ((host.NumpyMLP.side_by_side(actor, critic),) if self.stacked_mlps
+                                else (host.NumpyMLP.of(actor), host.NumpyMLP.of(critic)))
+            self.host_split = actor[-1].out_features
+        if self.stacked_mlps:
+            out = host.in_chunks(self.host_policy[0], obs, self.inference_chunk)
+            return out[:, :self.host_split], out[:, self.host_split]
+        actor_forward, critic_forward = self.host_policy
+        return (host.in_chunks(actor_forward, obs, self.inference_chunk),
+                host.in_chunks(critic_forward, obs, self.inference_chunk)[:, 0])
+
+    def _act_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``numpy_acting``: the actor-critic forward and the sampling in NumPy, from the same torch
+        noise, for all sub-envs at once or per sub-env / chunk as ``batch_inference`` says; every
+        output stays on the host."""
+        with self.probe.phase("inference"):
+            noise = self._host_noise()
+            obs = obs.reshape(self.num_envs, *self.obs_shape)
+            actor_out, value = self._numpy_forward(obs)
+            if self.discrete:
+                action, logprob = host.sample_categorical(actor_out, noise)
+            else:
+                action, logprob = host.sample_gaussian(actor_out, host.host_view(self.model.log_std), noise)
+        return obs, action, logprob, value, action
+
+    def select_actions(self, obs: np.ndarray) -> np.ndarray:
+        """One action selection for a batch of ``num_envs`` observations (host in, env-ready actions out)."""
+        return self._env_actions(self.act(obs)[4])
+
+    def _env_actions(self, host_actions: np.ndarray) -> np.ndarray:
+        if self.discrete:
+            return host_actions.astype(np.int64, copy=False)
+        return np.clip(host_actions, self.action_low, self.action_high)
+
+    # ----------------------------------------------------------------- collect
+    def collect(self) -> tuple[int, int]:
+        """Fill the rollout storage; returns (env frames, agent steps)."""
+        self._drop_snapshots()  # acting snapshots are taken afresh from the weights this rollout acts with
+        if self.block_noise:  # every acting draw of this rollout, in the order its steps take them
+            self.noise_block = torch.rand((self.config.ppo.num_steps, self.num_envs), generator=self.generator).numpy()
+            self.noise_row = 0
+        try:
+            return self._collect_lean() if self.lean else self._collect_plain()
+        finally:
+            self.noise_block = None  # acting outside a rollout draws as it goes
+
+    def _collect_plain(self) -> tuple[int, int]:
+        """Plain path: every step's tensors cross to the device and are written to storage as they come."""
+        probe, frames = self.probe, 0
+        for t in range(self.config.ppo.num_steps):
+            with probe.phase("transfer"):
+                self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
+            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            self.obs_buf[t] = torch.as_tensor(obs_t)  # numpy_acting hands back host arrays
+            self.actions_buf[t] = torch.as_tensor(action)
+            self.logprobs_buf[t] = torch.as_tensor(logprob)
+            self.values_buf[t] = torch.as_tensor(value)
+            with probe.phase("env"):
+                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
+            with probe.phase("transfer"):
+                flags = self.to_device(np.stack([reward, terminated, truncated]), "flags")
+                self.rewards_buf[t], self.terminated_buf[t], self.truncated_buf[t] = flags
+            with probe.phase("logging"):
+                frames += frames_in_step(info, self.num_envs, self.episode_over)
+                self.tracker.update(reward, terminated, truncated)
+                self.episode_over = terminated | truncated
+        return frames, self.config.ppo.num_steps * self.num_envs
+
+    def _collect_lean(self) -> tuple[int, int]:
+        """Optimised path (``lean_rollout``): the storage is written once per rollout, not per step.
+        The reset mask, rewards and done flags go to a host array that crosses once; actions,
+        log-probabilities and values are stacked once at the end (with ``numpy_acting`` they and the
+        observations are host arrays, staged on the host and copied once each). Episodes and
+        transitions are counted once per rollout from the staged arrays. Acting is the plain
+        collect's: ``act`` decides the forward."""
+        probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
+        host = self.host_scalars
+        actions, logprobs, values = [], [], []
+        host_obs = self.host_obs
+        framed: list[int] = []  # steps whose info reports frames (action repeat); the others count their valid rows
+        for t in range(steps):
+            host[0, t] = ~self.episode_over
+            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            if self.numpy_acting:  # a copy: a vector env may hand back the same array each step
+                host_obs[t] = obs_t
+            else:
+                self.obs_buf[t] = obs_t
+            actions.append(action)
+            logprobs.append(logprob)
+            values.append(value)
+            with probe.phase("env"):
+                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
+            with probe.phase("logging"):
+                host[1, t], host[2, t], host[3, t] = reward, terminated, truncated
+                if "frames" in info:
+                    frames += frames_in_step(info, self.num_envs, self.episode_over)
+                    framed.append(t)
+                self.episode_over = terminated | truncated
+        with probe.phase("logging"):  # episodes and transitions of the whole rollout, from the staged arrays
+            frames += int(np.count_nonzero(host[0])) - int(np.count_nonzero(host[0, framed]))
+            self.tracker.update_block(host[1], (host[2] + host[3]) > 0)
+        with probe.phase("transfer"):
+            scalars = self.to_device(host, "rollout_scalars")
+            for store, rows in zip((self.valid_buf, self.rewards_buf, self.terminated_buf, self.truncated_buf), scalars):
+                store.copy_(rows)
+            if self.numpy_acting:  # the whole rollout's host arrays, one copy each
+                self.obs_buf.copy_(torch.from_numpy(host_obs))
+                for store, rows in ((self.actions_buf, actions), (self.logprobs_buf, logprobs), (self.values_buf, values)):
+                    store.copy_(torch.from_numpy(np.stack(rows)))
+            else:
+                torch.stack(actions, out=self.actions_buf)
+                torch.stack(logprobs, out=self.logprobs_buf)
+                torch.stack(values, out=self.values_buf)
+        return frames, steps * self.num_envs
+
+    # ----------------------------------------------------------------- update
+    def _minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                        advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The PPO loss of one minibatch (the learner adds backward, clipping and the step)."""
+        with self.learner.autocast():
+            actor_out, new_value = self.forward(obs)
+        log_std = None if self.discrete else self.model.log_std
+        new_logprob, entropy = evaluate_actions(actor_out, log_std, actions)
+        return ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
+                        mask, self.loss_coefs)
+
+    def _minibatch_analytic(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+                            advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
+                            mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``analytic_grads``: the PPO loss of one minibatch, with every parameter's gradient set by
+        hand (no autograd graph); the learner adds clipping and the step. Under
+        ``compile_train_step`` the whole of it runs compiled (``_analytic_grads``), clipping
+        included, and the gradient norm comes back as a third value."""
+        batch = (obs, actions, old_logprob, advantages, returns, old_value, mask)
+        with torch.no_grad():
+            if self.analytic_step is not None:  # clipped inside the compiled step
+                return self.learner.adopt(*self.analytic_step(*batch))
+            logits, actor_saved = analytic.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
+            value, critic_saved = analytic.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
+            loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])
+            analytic.mlp_backward(actor_saved, grad_logits)
+            analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
+        return loss, stats
+
+    def _analytic_grads(self, obs: torch.Tensor, *rest: torch.Tensor
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``_minibatch_analytic`` as a pure function for ``torch.compile``: (loss, stats, every
+        gradient as one flat vector in the learner's parameter order, clipped, and their norm)."""
+        logits, actor_saved = analytic.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
+        value, critic_saved = analytic.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
+        loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
+        grads = analytic.mlp_grads(actor_saved, grad_logits) + analytic.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
+        flat = torch.cat([grads[i].reshape(-1) for i in self.grad_order])
+        flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
+        return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
+
+    def _set_learning_rate(self) -> None:
+        ppo = self.config.ppo
+        if ppo.anneal_lr:  # on the env steps every rank agrees on (their resets differ), so the ranks step alike
+            env_steps = distributed.agreed_min(self.env_steps)
+            self.learner.set_learning_rate(ppo.learning_rate * max(0.0, 1.0 - env_steps / ppo.anneal_steps))
+
+    def update(self) -> int:
+        """GAE, then ``update_epochs`` passes of minibatch steps; returns optimiser steps taken."""
+        c = self.config
+        with self.probe.phase("inference"):
+            next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
+            with torch.no_grad(), self.learner.autocast():
+                next_value = self._actor_critic(next_obs)[1].float()
+        self._drop_snapshots()  # the update changes the weights
+        with self.probe.phase("update"):
+            self._set_learning_rate()
+            advantages, returns = self.gae(self.rewards_buf, self.values_buf, next_value, self.terminated_buf,
+                                           self.truncated_buf, self.valid_buf, c.ppo.gamma, c.ppo.gae_lambda)
+            batch = (self.obs_buf.flatten(0, 1), self.actions_buf.flatten(0, 1), self.logprobs_buf.flatten(),
+                     advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
+            size = batch[0].shape[0]
+            minibatch = size // c.ppo.num_minibatches
+            if self.packed:  # with numpy_update, packed into a NumPy array the NumPy step reads views of
+                gather = _host_packed_gather(batch) if self.numpy_update else self._packed_gather(batch)
+            else:
+                gather = lambda idx: tuple(x[idx] for x in batch)  # noqa: E731
+            steps = 0
+            for _ in range(c.ppo.update_epochs):
+                order = torch.randperm(size, generator=self.generator, device=self.device)
+                chunks = (order[start:start + minibatch] for start in range(0, size, minibatch))
+                # gathered inline, or ahead on background threads (num_workers) while earlier ones train
+                for minibatch_tensors in self.prefetcher.map(gather, chunks):
+                    self.learner.step(*minibatch_tensors)
+                    steps += 1
+        return steps
+
+    @staticmethod
+    def _packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """``packed_gather``: the batch packed column-wise into one float32 tensor, so that a
+        minibatch is one ``index_select`` and column views (discrete actions travel as float32,
+        exact below 2**24; ``evaluate_actions`` takes them back to int64). Observations that are
+        not flat float32 vectors are gathered on their own."""
+        obs, rest = batch[0], batch[1:]
+        pack_obs = obs.dtype == torch.float32 and obs.dim() == 2
+        columns = ([obs] if pack_obs else []) + [x.reshape(x.shape[0], -1).float() for x in rest]
+        widths = [x.shape[1] for x in columns]
+        packed = torch.cat(columns, dim=1)
+        flat_action = batch[1].dim() == 1
+
+        def gather(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            parts = list(packed.index_select(0, idx).split(widths, dim=1))
+            gathered_obs = parts.pop(0) if pack_obs else obs[idx]
+            action = parts[0].squeeze(1) if flat_action else parts[0]
+            return (gathered_obs, action, *(part.squeeze(1) for part in parts[1:]))
+        return gather
+
+    # ----------------------------------------------------------------- loop
+    def iterate(self) -> IterationResult:
+        """One rollout and one update phase; returns what it did."""
+        self.activate()
+        frames, decisions = self.collect()
+        updates = self.update()
+        with self.probe.phase("logging"):
+            self.last_stats = self.learner.flush(updates, self.iterations + 1)
+        self.env_steps += frames
+        self.agent_steps += decisions
+        self.updates += updates
+        self.iterations += 1
+        return IterationResult(frames, decisions, updates)
+
+    def activate(self) -> None:
+        """Apply this trainer's process-wide settings (precision, threads) before it runs."""
+        apply_process_settings(self.config.optimizations)
+
+    @property
+    def compile_fallback(self) -> bool:
+        return fell_back(self.forward, self.learner.loss_and_grads, self.analytic_step)
+
+    def mean_recent_return(self) -> float | None:
+        return self.tracker.mean_recent()
+
+    def close(self) -> None:
+        self.prefetcher.close()
+        self.envs.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train PPO from a YAML config on its own (no harness): ``python -m reference_trainers.ppo.trainer``."""
+    from reference_trainers import build_trainer
+
+    return train_from_command_line(lambda config: build_trainer(resolve_config(config)), "policy_loss", argv,
+                                   prog="python -m reference_trainers.ppo", description=main.__doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

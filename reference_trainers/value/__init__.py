@@ -1,0 +1,1 @@
+"""Value-based trainers: DQN (``dqn``), IQN (``iqn``) and the loop they share (``loop``)."""

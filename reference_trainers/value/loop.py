@@ -1,0 +1,448 @@
+"""The loop shared by the value-based trainers (DQN, IQN).
+
+Epsilon-greedy acting; each vector-env step's transitions go through a 1- or n-step writer
+into replay; every ``train_frequency`` vector steps (once ``learning_starts`` agent steps are
+collected) ``gradient_steps`` minibatches are sampled and handed to the shared ``Learner``;
+the target network follows every ``target_update_interval`` optimiser steps. An algorithm
+(``dqn.py``, ``iqn.py``) supplies its network, its greedy Q-values and its loss.
+
+Autoreset is gymnasium's NEXT_STEP on every backend: the step after an episode ends returns
+the reset observation, is not a transition and is never written to replay.
+Phases: replay inserts and minibatch sampling count as ``transfer`` (they move transitions
+to the device), the optimiser step and the target update as ``update``. With
+``optimizations.num_workers`` > 0 the minibatches of an update phase (``gradient_steps``) are
+gathered on background threads while earlier ones train; ``transfer`` then counts the wait.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from reference_trainers.runtime import distributed
+from reference_trainers.nets.analytic import aten_tanh_from
+from reference_trainers.nets.analytic import supports as is_plain_mlp
+from reference_trainers.replay.buffers import Sample, make_replay
+from reference_trainers.config.schema import ConfigError, TrainConfig, ValueConfig
+from reference_trainers.envs.factory import frames_in_step, open_vector_env
+from reference_trainers.envs.episodes import EpisodeTracker
+from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
+from reference_trainers.replay.writers import make_writer
+from reference_trainers.paths.numpy_acting import NumpyMLP, chunk_rows, in_chunks
+from reference_trainers.paths.prefetch import Prefetcher
+from reference_trainers.runtime.probe import NullProbe, Probe
+from reference_trainers.config.resolve import Resolution, resolve_config
+from reference_trainers.paths.speedups import HostToDevice, hand_written_step
+from reference_trainers.runtime.trainer import IterationResult
+from reference_trainers.state.trainer_state import Checkpointable
+
+
+class ActingNoise(NamedTuple):
+    """One step's random draws for epsilon-greedy acting, one row per sub-env."""
+
+    uniform: torch.Tensor                  # explore where uniform < epsilon
+    random_action: torch.Tensor            # the action taken when exploring
+    fractions: torch.Tensor | None         # IQN's quantile fractions (rows, K); None for DQN
+
+    def rows(self, start: int, stop: int) -> ActingNoise:
+        fractions = None if self.fractions is None else self.fractions[start:stop]
+        return ActingNoise(self.uniform[start:stop], self.random_action[start:stop], fractions)
+
+
+class HostNoise:
+    """``numpy_acting``'s epsilon-greedy draws as NumPy rows, handed out one vector step at a time.
+
+    Plain path (``block_steps`` 1): two torch calls (``torch.rand``, ``torch.randint``) per step.
+    ``block_noise``: the draws of ``block_steps`` steps (``tuning.noise_block_steps``) in those two
+    calls. On the CPU one call for (steps, rows) gives the same numbers, in order, as one call per
+    step, so every step sees the same draws either way (``test_host_noise_gives_the_per_step_draws``).
+    ``state_dict`` keeps the rows not yet handed out: a resumed run goes on with them, then draws
+    from the restored generators.
+    """
+
+    def __init__(self, rows: int, num_actions: int, explore: torch.Generator, action: torch.Generator,
+                 block_steps: int = 1) -> None:
+        self.rows, self.num_actions, self.block_steps = rows, num_actions, block_steps
+        self.explore, self.action = explore, action
+        self.uniform = np.empty((0, rows), dtype=np.float32)
+        self.random_action = np.empty((0, rows), dtype=np.int64)
+        self.position = 0
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        """This step's (uniform, random action), one per sub-env."""
+        if self.position == len(self.uniform):
+            shape = (self.block_steps, self.rows)
+            self.uniform = torch.rand(shape, generator=self.explore).numpy()
+            self.random_action = torch.randint(self.num_actions, shape, generator=self.action).numpy()
+            self.position = 0
+        step = self.position
+        self.position += 1
+        return self.uniform[step], self.random_action[step]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"uniform": torch.from_numpy(self.uniform[self.position:].copy()),
+                "random_action": torch.from_numpy(self.random_action[self.position:].copy())}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.uniform, self.random_action = state["uniform"].numpy(), state["random_action"].numpy()
+        self.position = 0
+
+
+def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> float:
+    """Epsilon decayed linearly from ``start`` to ``end`` over ``steps`` agent steps, then held."""
+    return start + min(1.0, agent_steps / steps) * (end - start)
+
+
+class ValueTrainer(Checkpointable):
+    """Build envs, online and target networks, learner, replay and writer; ``iterate()`` runs
+    ``log_interval`` agent steps with their updates. Subclasses define ``algo``,
+    ``build_network``, ``q_values``, ``train_batch`` and ``loss``.
+
+    Under ``distributed.enabled`` each rank keeps its own replay buffer and writer; DDP
+    averages the gradients, so the networks stay identical on every rank."""
+
+    algo = ""
+    COUNTERS = ("env_steps", "agent_steps", "vector_steps", "updates", "iterations")
+
+    def __init__(self, config: TrainConfig, probe: Probe | None = None, resolution: Resolution | None = None) -> None:
+        res = resolution or resolve_config(config)
+        self.config, self.device, self.reasons = res.config, res.device, res.reasons
+        self.probe: Probe = probe or NullProbe()
+        c, o = self.config, self.config.optimizations
+        self.hp: ValueConfig = getattr(c, self.algo)
+        distributed.join(c.distributed, self.device)
+        seed = distributed.rank_seed(c.seed, c.env.num_envs)
+        torch.manual_seed(c.seed)  # the network starts alike on every rank
+        generator = lambda offset: torch.Generator(device=self.device).manual_seed(seed + offset)  # noqa: E731
+        self.explore_generator = generator(0)  # epsilon draws
+        self.action_generator = generator(1)   # random actions
+        self.tau_generator = generator(2)      # IQN: fractions for acting
+        self.update_generator = generator(3)   # IQN: fractions for the loss
+
+        opened = open_vector_env(c.env, seed, c.model.body)
+        self.envs, self.next_obs, self.num_envs = opened.envs, opened.next_obs, c.env.num_envs
+        self.obs_dim, self.frames, self.obs_shape = opened.obs_dim, opened.frames, opened.obs_shape
+        self.num_actions = int(self.envs.single_action_space.n)
+        self.model = self.build_network(self.obs_shape, self.num_actions).to(self.device)
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+
+        # optimisations, each picking one path
+        # analytic_grads: a loss closure that sets the gradients itself (resolve allows it where one exists)
+        loss = self.analytic_loss if o.analytic_grads else self.loss
+        self.learner = Learner(self.model, loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps,
+                               sets_grads=bool(o.analytic_grads))
+        self.forward = maybe_compile(self.learner.train_model, o)
+        self.target_forward = maybe_compile(self.target, o, "target_model")
+        self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
+                                      uint8=bool(o.uint8_transfer))
+        self.replay_generator = generator(4)
+        self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
+                                  self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps,
+                                  frame_shape=self.obs_shape if self.frames else None)
+        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it);
+        # gather_in_step: it takes the drawn replay indices and gathers its minibatch itself
+        self.gathers_in_step = bool(o.gather_in_step)
+        self.aten_tanh_from = aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
+        self.analytic_step = (hand_written_step(self.analytic_grads_at if self.gathers_in_step else self.analytic_grads,
+                                                cpp_wrapper=bool(o.compile_cpp_wrapper))
+                              if o.analytic_grads and o.compile_train_step else None)
+        self.host_minibatches = bool(o.numpy_update)  # gathered as NumPy arrays where the replay is host memory
+        if o.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
+            self.learner.loss = self.host_step()
+        self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
+                                  np.uint8 if self.frames else np.float32)
+        self.prefetcher = Prefetcher(o.num_workers)
+        self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
+        self.inference_chunk = chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
+        self.host_noise: HostNoise | None = None  # numpy_acting: the acting draws (block_noise: a block of steps)
+        if o.numpy_acting:
+            self.host_q = self._host_q_network()
+            block = c.tuning.noise_block_steps if o.block_noise else 1
+            self.host_noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator,
+                                        block)
+        self.act = self._act_numpy if o.numpy_acting else self._act_batched if o.batch_inference else self._act_per_env
+
+        self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
+        self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
+        self.any_episode_over = False
+        # replay_direct_write: a step with no reset row goes straight into the CPU tensor replay (resolve
+        # allows it with a one-step writer and uniform sampling); plain: the writer's batch, then ``add``
+        self.direct_write = bool(o.replay_direct_write)
+        self.env_steps = self.agent_steps = self.vector_steps = self.updates = self.iterations = 0
+        self.replay_ready = False  # every rank holds batch_size transitions (never false again once true)
+        self.last_stats: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- the algorithm's part
+    @abc.abstractmethod
+    def build_network(self, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
+        """The online network; the target network is a copy of it."""
+
+    @abc.abstractmethod
+    def q_values(self, obs: torch.Tensor, fractions: torch.Tensor | None = None) -> torch.Tensor:
+        """Q-values (rows, actions) for acting; called under no_grad and autocast.
+
+        ``fractions``: the rows' slice of ``acting_fractions`` (IQN's quantile fractions), else None.
+        """
+
+    def acting_fractions(self, rows: int) -> torch.Tensor | None:
+        """Random inputs of the acting network for ``rows`` sub-envs (IQN's fractions); None for DQN."""
+        return None
+
+    @abc.abstractmethod
+    def train_batch(self, sample: Sample) -> tuple[torch.Tensor, ...]:
+        """The tensors ``loss`` takes for one minibatch."""
+
+    @abc.abstractmethod
+    def loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Scalar loss and stats; ``stats['priority']`` (per sample) feeds prioritized replay."""
+
+    def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads``: ``loss`` with every parameter's gradient set by hand (DQN defines it)."""
+        raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
+                          "accepted: false or auto")
+
+    def analytic_grads(self, *batch: torch.Tensor
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, flat gradients
+        clipped by ``Learner.clipped``, their norm)."""
+        raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
+                          "accepted: false or auto")
+
+    def host_step(self) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]]:
+        """``numpy_update``: ``analytic_loss`` as a NumPy step (DQN defines it)."""
+        raise ConfigError(f"optimizations.numpy_update: algo {self.algo!r} has no NumPy step; accepted: false or auto")
+
+    def analytic_grads_at(self, indices: torch.Tensor, weights: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``analytic_grads`` of the minibatch at replay ``indices``, gathered from the tensor
+        replay's rows inside the compiled step (one call per update: no gather, slices and
+        action cast beside it)."""
+        sample = Sample(*self.replay.storage.gather(indices), weights, indices)
+        return self.analytic_grads(*self.train_batch(sample))
+
+    # ----------------------------------------------------------------- checkpoints
+    def rng_generators(self) -> dict[str, torch.Generator]:
+        return {"explore": self.explore_generator, "action": self.action_generator, "tau": self.tau_generator,
+                "update": self.update_generator, "replay": self.replay_generator}
+
+    def extra_state(self) -> dict[str, Any]:
+        """Target network, replay contents (and PER priorities), the n-step writer's pending steps,
+        the acting draws not yet used (``numpy_acting``)."""
+        state = {"target": self.target.state_dict(), "replay": self.replay.state_dict(),
+                 "writer": self.writer.state_dict(), "replay_ready": self.replay_ready}
+        if self.host_noise is not None:
+            state["host_noise"] = self.host_noise.state_dict()
+        return state
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        if self.host_q is not None:  # the weights were loaded in place; view them again all the same
+            self.host_q = self._host_q_network()
+        self.target.load_state_dict(state["target"])
+        self.replay.load_state_dict(state["replay"])
+        self.writer.load_state_dict(state["writer"])
+        self.replay_ready = bool(state["replay_ready"])
+        self.any_episode_over = bool(self.episode_over.any())  # restored before the extra state
+        if self.host_noise is not None and "host_noise" in state:
+            self.host_noise.load_state_dict(state["host_noise"])
+
+    # ----------------------------------------------------------------- acting
+    def epsilon(self) -> float:
+        hp = self.hp
+        return linear_epsilon(self.agent_steps, hp.start_epsilon, hp.end_epsilon, hp.exploration_steps)
+
+    def _acting_noise(self) -> ActingNoise:
+        """This step's random draws for every sub-env, each in one call whatever the inference path.
+
+        A row's action depends only on its own rows of noise, so per-env, chunked and batched
+        inference choose the same actions on every device (CUDA's generator gives other
+        numbers for one call of N than for N calls of one).
+        """
+        n = self.num_envs
+        return ActingNoise(torch.rand(n, generator=self.explore_generator, device=self.device),
+                           torch.randint(self.num_actions, (n,), generator=self.action_generator, device=self.device),
+                           self.acting_fractions(n))
+
+    def _greedy(self, obs: torch.Tensor, fractions: torch.Tensor | None) -> torch.Tensor:
+        with torch.no_grad(), self.learner.autocast():
+            return self.q_values(obs, fractions).float().argmax(-1)
+
+    @staticmethod
+    def _explore(greedy: torch.Tensor, epsilon: float, noise: ActingNoise) -> torch.Tensor:
+        """Epsilon-greedy on the device: the ``torch.rand`` mask picks the ``torch.randint`` actions."""
+        return torch.where(noise.uniform < epsilon, noise.random_action, greedy)
+
+    def _act_per_env(self, obs: np.ndarray) -> np.ndarray:
+        """Plain path: per sub-env, a forward, an epsilon-greedy choice and a host copy of the action."""
+        probe, epsilon, actions = self.probe, self.epsilon(), []
+        with probe.phase("inference"):
+            noise = self._acting_noise()
+        for i in range(self.num_envs):
+            with probe.phase("transfer"):
+                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
+            with probe.phase("inference"):
+                row = noise.rows(i, i + 1)
+                actions.append(self._explore(self._greedy(obs_i, row.fractions), epsilon, row).cpu().numpy()[0])
+        return np.array(actions, dtype=np.int64)
+
+    def _act_batched(self, obs: np.ndarray) -> np.ndarray:
+        """Optimised path: one host->device copy, batched forward (chunked), one host copy of the actions."""
+        with self.probe.phase("transfer"):
+            obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
+        with self.probe.phase("inference"):
+            chunk = self.config.optimizations.inference_batch_size or self.num_envs
+            noise = self._acting_noise()
+            if chunk >= self.num_envs:
+                greedy = self._greedy(obs_t, noise.fractions)
+            else:
+                greedy = torch.cat([self._greedy(obs_t[s:s + chunk], noise.rows(s, s + chunk).fractions)
+                                    for s in range(0, self.num_envs, chunk)])
+            return self._explore(greedy, self.epsilon(), noise).cpu().numpy()
+
+    def _host_q_network(self) -> NumpyMLP:
+        """``numpy_acting``: the Q-network's MLP as a NumPy forward over zero-copy views of its weights."""
+        net = getattr(self.model, "net", None)
+        if net is None or not is_plain_mlp(net):
+            raise ConfigError(f"optimizations.numpy_acting: true needs an MLP Q-network; {self.algo}'s is "
+                              f"{type(self.model).__name__}; accepted here: false or auto")
+        return NumpyMLP.of(net)
+
+    def _act_numpy(self, obs: np.ndarray) -> np.ndarray:
+        """``numpy_acting``: the greedy forward (all sub-envs at once or per sub-env / chunk, as
+        ``batch_inference`` says) and the epsilon-greedy choice in NumPy, from the same torch
+        draws as the other paths (``HostNoise``: per step, or a block of steps under ``block_noise``)."""
+        with self.probe.phase("inference"):
+            uniform, random_action = self.host_noise.next()
+            greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), self.inference_chunk).argmax(-1)
+            return np.where(uniform < self.epsilon(), random_action, greedy)
+
+    def select_actions(self, obs: np.ndarray) -> np.ndarray:
+        """One epsilon-greedy action selection for ``num_envs`` observations (host in, host out)."""
+        return self.act(obs)
+
+    # ----------------------------------------------------------------- collect
+    def _env_step(self) -> int:
+        """One vector-env step; its transitions go to replay. Returns the frames it took."""
+        probe, n = self.probe, self.num_envs
+        obs = self.next_obs
+        actions = self.act(obs)
+        with probe.phase("env"):
+            self.next_obs, reward, terminated, truncated, info = self.envs.step(actions)
+        with probe.phase("transfer"):
+            # replay_direct_write: a step with no reset row straight into replay (not across the ring's end)
+            if not (self.direct_write and not self.any_episode_over and self.replay.add_one_step(
+                    obs, actions, reward, self.next_obs, terminated, self.writer.gamma)):
+                shape = self.obs_shape
+                batch = self.writer.push(obs.reshape(n, *shape), actions, reward, self.next_obs.reshape(n, *shape),
+                                         terminated, truncated, ~self.episode_over)
+                self.replay.add(batch)
+        with probe.phase("logging"):
+            frames = frames_in_step(info, n, self.episode_over if self.any_episode_over else None)
+            self.episode_over = terminated | truncated
+            self.any_episode_over = bool(self.episode_over.any())
+            self.tracker.update(reward, terminated, truncated, self.episode_over, self.any_episode_over)
+        self.vector_steps += 1
+        self.agent_steps += n
+        self.env_steps += frames
+        return frames
+
+    # ----------------------------------------------------------------- update
+    def _updates_due(self) -> int:
+        hp = self.hp
+        if self.vector_steps % hp.train_frequency or self.agent_steps < hp.learning_starts:
+            return 0
+        if not self.replay_ready:  # agreed over the ranks, so that all of them update together
+            self.replay_ready = distributed.agreed_min(len(self.replay)) >= hp.batch_size
+        return hp.gradient_steps if self.replay_ready else 0
+
+    def _beta(self) -> float:
+        hp = self.hp
+        return hp.per_beta + min(1.0, self.agent_steps / hp.per_beta_steps) * (1.0 - hp.per_beta)
+
+    def _draws(self, count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Minibatch indices (and PER weights) for ``count`` updates, drawn lazily in order."""
+        for _ in range(count):
+            yield self.replay.draw(self.hp.batch_size, self._beta())
+
+    def _update_phase(self, count: int) -> None:
+        """``count`` optimiser steps; their minibatches are gathered inline, ahead on the
+        prefetcher's threads (``num_workers``) while earlier steps train, or inside the compiled
+        step (``gather_in_step``: it takes the drawn indices)."""
+        if self.gathers_in_step:
+            for _ in range(count):
+                with self.probe.phase("transfer"):
+                    indices, weights = self.replay.draw(self.hp.batch_size, self._beta())
+                self._learn((indices,) if weights is None else (indices, weights), indices)
+            return
+        gather = self.replay.host_gather if self.host_minibatches else self.replay.gather
+        samples = self.prefetcher.map(lambda drawn: gather(*drawn), self._draws(count))
+        while True:
+            with self.probe.phase("transfer"):
+                sample = next(samples, None)
+            if sample is None:
+                return
+            self._learn(self.train_batch(sample), sample.indices)
+
+    def _learn(self, batch: tuple[torch.Tensor, ...], indices: torch.Tensor) -> None:
+        """One optimiser step on ``batch`` (what the loss closure takes), the priorities of the
+        replay ``indices`` it came from, and the target network when due."""
+        hp = self.hp
+        with self.probe.phase("update"):
+            stats = self.learner.step(*batch)
+            if hp.prioritized_replay:
+                self.replay.update_priorities(indices, stats["priority"])
+            self.updates += 1
+            if self.updates % hp.target_update_interval == 0:
+                self.update_target()
+
+    def update_target(self) -> None:
+        """Hard copy (``tau: 1``) or Polyak averaging of the online into the target network, in place."""
+        tau = self.hp.tau
+        with torch.no_grad():
+            for target, online in zip(self.target.parameters(), self.model.parameters()):
+                if tau == 1.0:
+                    target.copy_(online)
+                else:
+                    target.lerp_(online, tau)
+
+    # ----------------------------------------------------------------- loop
+    def iterate(self) -> IterationResult:
+        """``log_interval`` agent steps with the updates they are due; returns what it did."""
+        self.activate()
+        frames = decisions = updates = 0
+        while decisions < self.hp.log_interval:
+            frames += self._env_step()
+            decisions += self.num_envs
+            due = self._updates_due()
+            if due:
+                self._update_phase(due)
+            updates += due
+        with self.probe.phase("logging"):
+            self.last_stats = self.learner.flush(updates, self.iterations + 1)
+            self.last_stats["epsilon"] = self.epsilon()
+        self.iterations += 1
+        return IterationResult(frames, decisions, updates)
+
+    def activate(self) -> None:
+        """Apply this trainer's process-wide settings (precision, threads) before it runs."""
+        apply_process_settings(self.config.optimizations)
+
+    @property
+    def nonfinite_events(self) -> int:
+        return self.learner.nonfinite_events
+
+    @property
+    def compile_fallback(self) -> bool:
+        return fell_back(self.forward, self.target_forward, self.learner.loss_and_grads, self.analytic_step)
+
+    def mean_recent_return(self) -> float | None:
+        return self.tracker.mean_recent()
+
+    def close(self) -> None:
+        self.prefetcher.close()
+        self.envs.close()
