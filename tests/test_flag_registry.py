@@ -12,7 +12,7 @@ from harness.report import flag_docs
 from harness.stats.parity import FLAG_CLASSES, flag_class
 from harness.specs.presets import list_presets, load_preset
 from reference_trainers.config.schema import ConfigError, OptimizationsConfig, TrainConfig, build_config
-from reference_trainers.config.flags import (ALGOS, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, PARITY_CLASSES, REGISTRY,
+from reference_trainers.config.flags import (ALGOS, FLAGS, OPTIMISATION, OPTIMISATION_FLAGS, PARITY_CLASSES, REGISTRY, resolve_reference,
                                              Flag)
 from reference_trainers.config.resolve import resolve_config
 
@@ -62,6 +62,22 @@ def test_effect_markers_name_registry_flags() -> None:
         assert key in REGISTRY, f"flag_effect({key!r}) names no registry flag"
         if value is not None:
             assert value in REGISTRY[key].optimised or str(value) in map(str, REGISTRY[key].optimised), (key, value)
+
+
+@pytest.mark.parametrize("entry", FLAGS, ids=lambda f: f.key)
+def test_every_where_reference_of_the_registry_imports(entry: Flag) -> None:
+    """docs/flags.md publishes these: each must name code that exists."""
+    assert entry.where
+    for reference in entry.where:
+        assert reference.startswith("reference_trainers."), reference
+        assert resolve_reference(reference) is not None, reference
+
+
+def test_a_where_reference_to_missing_code_fails_to_resolve() -> None:
+    with pytest.raises(AttributeError):
+        resolve_reference("reference_trainers.paths.speedups:GraphedStep")
+    with pytest.raises(ImportError):
+        resolve_reference("reference_trainers.device:thread_settings")
 
 
 @pytest.mark.parametrize("entry", FLAGS, ids=lambda f: f.key)

@@ -453,3 +453,41 @@ def test_gate_run_refuses_a_preset_file_whose_variants_differ_in_setup_before_me
     code, out, err = run_cli(capsys, "gate", "--run", preset, "--device", "cpu", "--repeats", "5", "--quiet",
                              "--allow-config-mismatch")
     assert calls == [["baseline", "optimized"]]
+
+
+# --------------------------------------------------------------------------- the typed gate API
+
+def test_harness_gate_types_each_outcome_without_reading_what_was_printed(tmp_path: Path) -> None:
+    from harness import GateVerdict, Outcome, gate
+
+    slow, fast = tmp_path / "slow.json", tmp_path / "fast.json"
+    write_results(slow, make_result("optimized", [1000.0, 1010.0, 990.0, 1005.0, 995.0]))
+    write_results(fast, make_result("optimized", [2000.0, 2010.0, 1990.0, 2005.0, 1995.0]))
+    passed = gate(baseline=slow, candidate=fast)
+    failed = gate(baseline=fast, candidate=slow, max_slowdown_pct=10)
+    assert isinstance(passed, GateVerdict) and passed.outcome is Outcome.PASS and passed.exit_code == 0
+    assert failed.outcome is Outcome.FAIL and failed.exit_code == 1 and "gate failed" in failed.output
+    bad = gate(baseline=tmp_path / "missing.json", candidate=fast)
+    assert bad.outcome is Outcome.BAD_INPUT and bad.exit_code == 2 and "missing.json" in bad.reason
+    assert gate(baseline=slow).outcome is Outcome.BAD_INPUT  # --candidate missing: the parser's check
+    few = tmp_path / "few.json"
+    write_results(few, make_result("optimized", [2000.0, 2010.0]))
+    short = gate(baseline=slow, candidate=few)
+    assert short.outcome is Outcome.NO_VERDICT and short.exit_code == 2 and "no verdict" in short.reason
+
+
+def test_no_verdict_is_a_user_error_to_the_cli_and_its_own_type_to_callers() -> None:
+    from harness.analyses.gate_outcome import Outcome, verdict_of
+    from harness.errors import NoVerdict, UserError
+
+    def refuse() -> int:
+        raise NoVerdict("gate: a run is not trustworthy")
+
+    def bad() -> int:
+        raise UserError("gate: --baseline and --candidate go together")
+
+    assert issubclass(NoVerdict, UserError)  # the CLI's exit code 2 and one line
+    assert verdict_of(refuse).outcome is Outcome.NO_VERDICT
+    assert verdict_of(bad).outcome is Outcome.BAD_INPUT
+    assert verdict_of(lambda: 2).outcome is Outcome.NO_VERDICT  # gate --base: measured, could not decide
+    assert verdict_of(lambda: 130).outcome is Outcome.INTERRUPTED

@@ -377,9 +377,9 @@ def test_optimizer_impl_selects_the_adam_kernel(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(torch, "_fused_adam_", lambda *a, **k: calls.update(["kernel"]) or fused_kernel(*a, **k))
     trainer = make_trainer(f"optimizations.optimizer_impl={impl}")
     try:
-        assert isinstance(trainer.optimizer, torch.optim.Adam)
-        assert trainer.optimizer.defaults["foreach"] is foreach
-        assert bool(trainer.optimizer.defaults["fused"]) is bool(fused)
+        assert isinstance(trainer.learner.optimizer, torch.optim.Adam)
+        assert trainer.learner.optimizer.defaults["foreach"] is foreach
+        assert bool(trainer.learner.optimizer.defaults["fused"]) is bool(fused)
         result = trainer.iterate()
     finally:
         trainer.close()
@@ -496,7 +496,7 @@ def test_sync_free_logging_removes_item_calls_from_the_update(monkeypatch: pytes
         trainer.collect()
         with count_tensor_calls("item", "tolist", "__float__", "__bool__") as calls:
             updates = trainer.update()
-            stats = trainer.stats.flush()
+            stats = trainer.learner.stats.flush()
     finally:
         trainer.close()
     logged_per_update = len(stats)  # policy_loss, value_loss, entropy, approx_kl, clip_fraction, nonfinite
@@ -512,7 +512,7 @@ def test_sync_free_logging_removes_item_calls_from_the_update(monkeypatch: pytes
 def test_amp_bfloat16_on_cpu_autocasts_forward_passes_and_stays_finite() -> None:
     trainer = make_trainer("optimizations.amp=true", "optimizations.amp_dtype=bfloat16")
     try:
-        assert not trainer.scaler.is_enabled()  # bf16 needs no loss scaling
+        assert not trainer.learner.scaler.is_enabled()  # bf16 needs no loss scaling
         with MatmulDtypes() as seen:
             trainer.iterate()
         params = snapshot(trainer.model)
@@ -536,13 +536,13 @@ def test_amp_off_runs_the_forward_in_float32() -> None:
         handle.remove()
         trainer.close()
     assert seen and set(seen) == {torch.float32}
-    assert not trainer.scaler.is_enabled()
+    assert not trainer.learner.scaler.is_enabled()
 
 
 def test_amp_float16_on_cpu_uses_an_enabled_grad_scaler_and_stays_finite() -> None:
     trainer = make_trainer("optimizations.amp=true", "optimizations.amp_dtype=float16")
     try:
-        assert trainer.scaler.is_enabled()
+        assert trainer.learner.scaler.is_enabled()
         with MatmulDtypes() as seen:
             trainer.iterate()
         params, stats = snapshot(trainer.model), dict(trainer.last_stats)
@@ -589,7 +589,7 @@ def test_compile_train_step_failure_falls_back_to_eager_once(monkeypatch: pytest
         trainer.iterate()
         trainer.iterate()
         assert trainer.compile_fallback is True
-        assert "RuntimeError" in trainer.loss_and_grads.reason
+        assert "RuntimeError" in trainer.learner.loss_and_grads.reason
         params = snapshot(trainer.model)
     finally:
         trainer.close()
@@ -660,7 +660,7 @@ def test_nan_policy_skip_update_keeps_parameters_and_counts_events(nan_loss: Non
         trainer.close()
     assert_params_equal(after, before)
     assert trainer.nonfinite_events == result.updates == 2
-    assert not trainer.optimizer.state  # no optimiser step was ever taken
+    assert not trainer.learner.optimizer.state  # no optimiser step was ever taken
     assert len(rlgauge_warnings(caplog, "skip_update")) == 2
 
 
@@ -691,7 +691,7 @@ def test_finite_training_counts_no_nonfinite_events(policy: str, caplog: pytest.
 def grad_norms_seen(trainer: PPOTrainer) -> list[tuple[float, float]]:
     """Spy on the train step: (norm it returns, norm of the gradients it leaves behind) per minibatch."""
     seen: list[tuple[float, float]] = []
-    inner = trainer.loss_and_grads
+    inner = trainer.learner.loss_and_grads
 
     def spy(*batch: torch.Tensor) -> Any:
         loss, stats, grad_norm = inner(*batch)
@@ -699,7 +699,7 @@ def grad_norms_seen(trainer: PPOTrainer) -> list[tuple[float, float]]:
         seen.append((float(grad_norm), float(torch.nn.utils.get_total_norm(grads))))
         return loss, stats, grad_norm
 
-    trainer.loss_and_grads = spy
+    trainer.learner.loss_and_grads = spy
     return seen
 
 
@@ -747,7 +747,7 @@ def test_training_state_is_float32_only(env_id: str, variant: list[str]) -> None
             assert p.grad is None or p.grad.dtype == torch.float32, name
         for name, b in trainer.model.named_buffers():
             assert b.dtype == torch.float32, name
-        for state in trainer.optimizer.state.values():
+        for state in trainer.learner.optimizer.state.values():
             for key, value in state.items():
                 if torch.is_tensor(value):
                     assert value.dtype == torch.float32, key
@@ -882,7 +882,7 @@ def test_cuda_graphs_match_eager() -> None:
     try:
         trainer.iterate()
         graphed = {k: v.cpu() for k, v in snapshot(trainer.model).items()}
-        assert trainer._graphed is not None and trainer._graphed.eager_calls == 0
+        assert trainer.learner.graphed is not None and trainer.learner.graphed.eager_calls == 0
         stats = dict(trainer.last_stats)
     finally:
         trainer.close()
@@ -895,7 +895,7 @@ def test_amp_float16_on_cuda_stays_finite() -> None:
     trainer = make_trainer("device=cuda", "optimizations.amp=true", "optimizations.amp_dtype=float16",
                            "optimizations.batch_inference=true")
     try:
-        assert trainer.scaler.is_enabled()
+        assert trainer.learner.scaler.is_enabled()
         trainer.iterate()
         params, stats = snapshot(trainer.model), dict(trainer.last_stats)
     finally:

@@ -15,8 +15,10 @@ USER_TESTS = textwrap.dedent('''
     RUN = dict(steps=256, repeats=3, sets=("run.warmup_steps=64",), allow_untrustworthy=True)
 
     def test_speedup_passes(rlgauge):
-        outcome = rlgauge.assert_speedup("bench.yaml", min_speedup=0.01, **RUN)
-        assert outcome.code == 0 and "gate passed" in outcome.stderr
+        from harness import Outcome
+
+        verdict = rlgauge.assert_speedup("bench.yaml", min_speedup=0.01, **RUN)
+        assert verdict.outcome is Outcome.PASS and verdict.exit_code == 0 and "gate passed" in verdict.output
 
     def test_speedup_fails(rlgauge):
         rlgauge.assert_speedup("bench.yaml", min_speedup=1000, **RUN)
@@ -58,6 +60,9 @@ def test_the_fixture_gives_gate_verdicts_as_test_outcomes(user_suite: pytest.Pyt
     assert "gate failed" in text or "FAIL" in text
     assert "no verdict: 2 repeats (needs 3)" in text
     assert "run.stepz: unknown key" in text
+    # the summary names the speed test that could not decide, apart from ordinary skips
+    assert "rlgauge: speed gates without a verdict" in text
+    assert "NO VERDICT test_speed.py::test_too_few_repeats_is_no_verdict" in text
 
 
 def test_the_plugin_is_registered_for_users_through_its_entry_point() -> None:

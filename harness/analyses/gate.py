@@ -26,7 +26,7 @@ from reference_trainers.config.files import safe_load
 from harness.stats import power
 from harness.stats.compare import (RATE_METRICS, METRICS, Pair, Ratio, file_pairs, metric_ratio, untrustworthy_reasons,
                       variant_pairs)
-from harness.errors import UserError
+from harness.errors import NoVerdict, UserError
 from harness.results import RunResult
 
 GATES_FILE = Path(__file__).resolve().parent / "gates.yaml"
@@ -320,7 +320,7 @@ def check_quality(runs: list[tuple[str, RunResult]], allow: bool) -> list[str]:
         if reasons is None:
             continue
         if not allow:
-            raise UserError(f"gate: {label} is not trustworthy: {reasons[0]} (--allow-untrustworthy to gate anyway)")
+            raise NoVerdict(f"gate: {label} is not trustworthy: {reasons[0]} (--allow-untrustworthy to gate anyway)")
         lines.append(f"rlgauge: warning: {label} is not trustworthy: {'; '.join(reasons)} (gated anyway)")
     unrecorded = [label for label, run in runs if not isinstance(run.quality, dict)]
     if unrecorded:

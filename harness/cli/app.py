@@ -25,7 +25,8 @@ from harness.cli import analysis_commands as analysis
 from harness.cli.options import (DEBUG_ENV, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED,
                           DEVICE_HELP, EXIT_OK, VersionAction, add_debug_option, debug_from_env, run_options,
                           user_overrides)
-from harness.errors import UserError
+from harness.analyses.gate_outcome import GateVerdict, Outcome, verdict_of
+from harness.errors import NoVerdict, UserError
 from harness.specs.own_trainer import OwnConfig
 from harness.measurement.interrupts import stop_on_signals
 from harness.specs.presets import VARIANTS, VariantSpec, list_presets, listing_lines, specs_for
@@ -413,7 +414,21 @@ def _gate_files_mode(args: argparse.Namespace) -> bool:
     return files_mode
 
 
+def gate_verdict(args: argparse.Namespace) -> GateVerdict:
+    """``rlgauge gate``'s decision, typed: what the CLI prints and exits with, and what ``harness.gate`` returns."""
+    return verdict_of(lambda: _gate(args))
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
+    verdict = gate_verdict(args)
+    if verdict.outcome in (Outcome.NO_VERDICT, Outcome.BAD_INPUT) and verdict.reason:
+        print(f"rlgauge: error: {verdict.reason}", file=sys.stderr)  # always one line
+    elif verdict.outcome is Outcome.INTERRUPTED and verdict.reason:
+        print("rlgauge: interrupted", file=sys.stderr)
+    return verdict.exit_code
+
+
+def _gate(args: argparse.Namespace) -> int:
     if args.base is not None:
         from harness.analyses.cross_commit import cmd_gate_base
 
@@ -446,7 +461,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                  if not line.startswith("rlgauge: warning:")]  # _measure has printed the warnings
     refusal = underpowered(checks)
     if refusal is not None:
-        raise UserError(refusal)
+        raise NoVerdict(refusal)
     for line in notes:
         print(line, file=sys.stderr)
     for check in checks:
@@ -479,7 +494,7 @@ def _gate_run(args: argparse.Namespace, thresholds: Thresholds) -> tuple[list, l
         check_spec_setup(specs)  # variants differing in more than flags: refused before anything runs
     repeats = min(resolution.config.run.repeats for resolution in resolve_specs(specs))
     if not power.has_power(repeats):
-        raise UserError(no_power_message(repeats))
+        raise NoVerdict(no_power_message(repeats))
     if args.out is not None:
         check_writable(args.out)
     results, interrupted = _measure(specs, args)

@@ -37,7 +37,8 @@ def _section(entry: Flag) -> list[str]:
         f"- **optimised** (`{'`, `'.join(_value(v) for v in entry.optimised)}`): {entry.optimised_path}",
         f"- **optimized presets**: `{_value(entry.preset)}`" + (" (resolved per device and config)"
                                                                if entry.preset == "auto" else ""),
-        f"- **applies to**: {_scope(entry)}; **phase**: {entry.phase}; **takes effect in**: `{entry.where}`",
+        f"- **applies to**: {_scope(entry)}; **phase**: {entry.phase}; **takes effect in**: "
+        + ", ".join(f"`{reference}`" for reference in entry.where),
         f"- **parity**: {classes}: {entry.parity_why}",
     ]
     if entry.blockers is not None:

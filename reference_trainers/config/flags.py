@@ -14,6 +14,8 @@ Registry order is resolution order: an ``auto`` rule may read flags declared abo
 
 from __future__ import annotations
 
+import importlib
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -153,8 +155,8 @@ class Flag:
     parity_why: str
     plain_path: str
     optimised_path: str
-    where: str
-    """Where it takes effect: ``module.Class.method`` or ``module.function``."""
+    where: tuple[str, ...]
+    """Where it takes effect: importable references, ``reference_trainers.module:Class.method`` (``_at``)."""
     phase: str
     """The phase of a training step it speeds up (``diagnose`` advises it there)."""
     role: str = OPTIMISATION
@@ -367,6 +369,11 @@ def _always(why: str) -> AutoRule:
 
 # --------------------------------------------------------------------------- the table
 
+def _at(*references: str) -> tuple[str, ...]:
+    """``"paths.speedups:make_adam"`` -> ``"reference_trainers.paths.speedups:make_adam"`` (a test imports each)."""
+    return tuple(f"reference_trainers.{reference}" for reference in references)
+
+
 def _o(name: str) -> str:
     return f"optimizations.{name}"
 
@@ -377,58 +384,58 @@ FLAGS: tuple[Flag, ...] = (
          "sync/async step the same sub-envs with the same seeds; native/envpool are other implementations of the env",
          "a Python loop over single envs.", "gymnasium's SyncVectorEnv / AsyncVectorEnv (shared memory), the env's "
          "own vectorised entry point (native) or EnvPool's C++ threads; auto: chosen per env.",
-         "envs.make_vector_env", "env", role=OPTIMISATION,
+         _at("envs.factory:make_vector_env"), "env", role=OPTIMISATION,
          parity_by_value={"native": OUTCOME, "envpool": OUTCOME},
          advice="env.vectorization=native (the env's own batched step) or async for slow envs"),
     Flag("env.action_repeat", int, 1, (2, 4), 1, OUTCOME, "fewer decisions per frame change what the agent sees",
-         "one decision per env step.", "each action repeated k times, rewards summed.", "envs.ActionRepeat", "env",
+         "one decision per env step.", "each action repeated k times, rewards summed.", _at("envs.factory:ActionRepeat"), "env",
          role=ALGORITHM, constraints={"ge": 1, "le": 64}),
     Flag(_o("pinned_memory"), BoolOrAuto, False, (True,), "auto", EXACT, "the same bytes, copied from page-locked memory",
-         "pageable host buffers.", "page-locked staging buffers for host->device copies.", "device.HostToDevice",
+         "pageable host buffers.", "page-locked staging buffers for host->device copies.", _at("paths.speedups:HostToDevice"),
          "transfer", devices=("cuda",), auto=_on_cuda("page-locked staging needs CUDA"),
          advice="pinned_memory=true and non_blocking=true"),
     Flag(_o("non_blocking"), BoolOrAuto, False, (True,), "auto", EXACT, "the same copies, overlapped with host work",
-         "blocking host->device copies.", "`.to(device, non_blocking=True)`.", "device.HostToDevice", "transfer",
+         "blocking host->device copies.", "`.to(device, non_blocking=True)`.", _at("paths.speedups:HostToDevice"), "transfer",
          devices=("cuda",), auto=_on_cuda("asynchronous copies need CUDA")),
     Flag(_o("tf32"), BoolOrAuto, False, (True,), "auto", REDUCED_PRECISION, "TF32 keeps 10 significand bits in matmuls",
          "float32 matmuls and convolutions.", "TF32 tensor-core matmuls and cuDNN convolutions.",
-         "device.precision_settings", "update", devices=("cuda",),
+         _at("runtime.device:apply_precision"), "update", devices=("cuda",),
          auto=lambda ctx: (ctx.on_cuda and ctx.supports_tf32, "TF32 needs compute capability 8.0+")),
     Flag(_o("cuda_graphs"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "a graph needs capturable Adam: step counts and bias corrections as float32 device tensors",
          "the update's kernels launched one by one.", "the fixed-shape update captured once and replayed.",
-         "speedups.GraphedStep", "update", devices=("cuda",),
+         _at("paths.speedups:CudaGraphedStep", "paths.learner:Learner._graphed_step"), "update", devices=("cuda",),
          auto=lambda ctx: (False, "opt-in: capture is measured per workload"),
          advice="cuda_graphs=true for the update"),
     Flag(_o("replay"), Literal["list", "tensor", "auto"], "list", ("tensor",), "auto", EXACT,
          "the same transitions drawn by the same sampler RNG",
          "a Python list of numpy transitions, converted per sampled minibatch.",
-         "preallocated device tensors, batched insert, device-side gather.", "buffers.make_replay", "update",
+         "preallocated device tensors, batched insert, device-side gather.", _at("replay.buffers:make_replay"), "update",
          algos=("dqn", "iqn"), auto=_replay_auto),
     Flag(_o("matmul_precision"), Literal["highest", "high", "medium", "auto"], "highest", ("high", "medium"), "auto",
          REDUCED_PRECISION, "reduced-precision matmul kernels (TF32 or bf16 passes)",
          "float32 matmuls (`highest`).", "`torch.set_float32_matmul_precision('high'|'medium')` while the trainer runs.",
-         "device.precision_settings", "update", auto=_matmul_auto),
+         _at("runtime.device:apply_precision"), "update", auto=_matmul_auto),
     Flag(_o("amp_dtype"), Literal["bfloat16", "float16", "auto"], "auto", ("bfloat16", "float16"), "auto",
          REDUCED_PRECISION, "bf16 keeps 8 significand bits, fp16 10",
          "(with amp off, unused)", "the autocast dtype: bfloat16, or float16 with a GradScaler.",
-         "device.autocast", "update", role=SETTING, auto=_amp_dtype_auto),
+         _at("runtime.device:autocast"), "update", role=SETTING, auto=_amp_dtype_auto),
     Flag(_o("amp"), BoolOrAuto, False, (True,), "auto", REDUCED_PRECISION, "forwards computed in bf16 or fp16",
          "float32 forwards.", "forwards under `torch.autocast` (bf16, or fp16 with a GradScaler).",
-         "device.autocast", "update", auto=_amp_auto, advice="amp=true (tensor cores)"),
+         _at("runtime.device:autocast"), "update", auto=_amp_auto, advice="amp=true (tensor cores)"),
     Flag(_o("compile_model"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "inductor reassociates float ops",
          "the eager module forward.", "`torch.compile(model, mode=compile_mode)`, eager fallback on failure.",
-         "speedups.compile_model", "inference",
+         _at("paths.learner:maybe_compile"), "inference",
          auto=_on_cuda("kernel fusion pays on CUDA; tiny CPU models run slower compiled")),
     Flag(_o("compile_mode"), Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
          "default", ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), "default", FP_REORDER,
          "a mode of compile_model", "inductor's default mode.", "another inductor mode for compile_model.",
-         "speedups.compile_model", "inference", role=SETTING),
+         _at("paths.learner:maybe_compile"), "inference", role=SETTING),
     Flag(_o("analytic_grads"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "the same gradients by hand: other float op order than autograd's",
          "autograd records the forward and runs its backward.",
          "the gradients of the loss and of every layer computed by hand under no_grad.",
-         "analytic.py (ppo.PPOTrainer._analytic_grads, value_based.ValueTrainer.analytic_grads)", "update",
+         _at("nets.analytic", "ppo.trainer:PPOTrainer._analytic_grads", "value.loop:ValueTrainer.analytic_grads"), "update",
          algos=("ppo", "dqn"), bodies=("mlp",), blockers=_analytic_blockers,
          auto=lambda ctx: (ctx.on_cpu, "per-op overhead dominates small CPU updates; hand-written gradients need no "
                                        "autograd graph" if ctx.on_cpu else "measured on the CPU only; autograd on accelerators"),
@@ -437,7 +444,7 @@ FLAGS: tuple[Flag, ...] = (
          "NumPy's float32 matmul sums in another order than torch's",
          "the acting forward and action choice in torch ops.",
          "the acting forward and action choice in NumPy over zero-copy views of the weights.",
-         "numpy_acting.NumpyMLP", "inference", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
+         _at("paths.numpy_acting:NumpyMLP"), "inference", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
          blockers=_numpy_acting_blockers,
          auto=_always("torch's per-op dispatch dominates a forward of a few rows; NumPy calls cost less"),
          advice="numpy_acting=true (the acting forward in NumPy over the same weights)"),
@@ -447,7 +454,7 @@ FLAGS: tuple[Flag, ...] = (
          "uniforms, one).",
          "the draws of a block of steps taken in one call each, used row by row (DQN: "
          "`tuning.noise_block_steps` steps; PPO: the rollout's, drawn as it starts).",
-         "value_based.HostNoise / ppo.PPOTrainer._host_noise", "inference", algos=("ppo", "dqn"), devices=("cpu",),
+         _at("value.loop:HostNoise", "ppo.trainer:PPOTrainer._host_noise"), "inference", algos=("ppo", "dqn"), devices=("cpu",),
          bodies=("mlp",), blockers=_block_noise_blockers,
          auto=_always("a torch call per step costs more than the draws")),
     Flag(_o("numpy_update"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
@@ -455,123 +462,133 @@ FLAGS: tuple[Flag, ...] = (
          "the hand-written step's forward, loss gradients, backward and clipping as torch ops.",
          "the same step as NumPy calls over zero-copy views of the weights and the flat gradient buffer "
          "(the fused Adam step stays torch's), its minibatches taken as NumPy arrays.",
-         "numpy_update.HostPPOStep / numpy_update.HostDQNStep", "update", algos=("ppo", "dqn"), devices=("cpu",),
+         _at("paths.numpy_update:HostPPOStep", "paths.numpy_update:HostDQNStep"), "update", algos=("ppo", "dqn"), devices=("cpu",),
          bodies=("mlp",),
          blockers=_numpy_update_blockers,
          auto=_always("torch's per-op dispatch (and its CPU tanh) costs more than NumPy's calls on a small minibatch"),
          advice="numpy_update=true (the hand-written update in NumPy)"),
     Flag(_o("compile_train_step"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "inductor reassociates float ops",
          "the eager train step.", "the train step compiled (`torch.compile`), eager fallback on failure.",
-         "speedups.CompiledOrEager", "update", auto=_compile_step_auto,
+         _at("paths.speedups:CompiledOrEager"), "update", auto=_compile_step_auto,
          advice="compile_train_step=true (the update compiled)"),
     Flag(_o("compile_cpp_wrapper"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the same kernels, called from C++ instead of Python",
          "inductor's Python wrapper calls the compiled step's kernels.",
          "inductor's C++ wrapper calls them (seconds more compile time, once).",
-         "speedups.hand_written_step", "update", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
+         _at("paths.speedups:hand_written_step"), "update", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
          blockers=_compiled_hand_written_step, auto=_always("the Python wrapper's per-kernel calls dominate small steps")),
     Flag(_o("aten_tanh"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "ATen's tanh rounds differently from inductor's",
          "inductor's generated tanh inside the compiled step.",
          "ATen's tanh kernel for activations of at least `tuning.aten_tanh_min_elements` elements.",
-         "analytic.tanh", "update", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
+         _at("nets.analytic:tanh"), "update", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
          blockers=_aten_tanh_blockers, auto=_always("ATen's vectorised tanh is faster on large CPU activations")),
     Flag(_o("gather_in_step"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the same rows gathered inside the step instead of before it",
          "the minibatch gathered from replay, then passed to the compiled step.",
          "the compiled step takes the drawn indices and gathers its minibatch itself: one call per update.",
-         "value_based.ValueTrainer.analytic_grads_at", "update", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
+         _at("value.loop:ValueTrainer.analytic_grads_at"), "update", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
          blockers=_gather_in_step_blockers, auto=_always("one compiled call per update instead of a gather beside it")),
     Flag(_o("optimizer_impl"), Literal["forloop", "foreach", "fused", "auto"], "forloop", ("foreach", "fused"), "auto",
          FP_REORDER, "multi-tensor and fused kernels reassociate the Adam update",
          "Adam's per-tensor Python loop.", "multi-tensor (`foreach`) or one fused kernel (`fused`) per group.",
-         "speedups.make_adam", "update", auto=_optimizer_auto,
+         _at("paths.speedups:make_adam"), "update", auto=_optimizer_auto,
          advice="optimizer_impl=fused (one kernel for the Adam step)"),
     Flag(_o("foreach_grad_clip"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "the same global norm, summed by multi-tensor kernels",
          "`torch.nn.utils.clip_grad_norm_` (with its per-call checks).",
          "the global norm and the scale in three multi-tensor ops (norms, their norm, one multiply).",
-         "speedups.clip_grad_norm", "update", auto=_always("three kernels instead of a loop over tensors")),
+         _at("paths.speedups:clip_grad_norm"), "update", auto=_always("three kernels instead of a loop over tensors")),
     Flag(_o("direct_adam_step"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the same fused kernel on the same state, without the optimiser's bookkeeping",
          "`optimizer.step()` of the fused Adam.",
          "the fused Adam kernel called directly, its step counters one tensor advanced by one add.",
-         "speedups.FusedAdamStep", "update", blockers=_direct_adam_blockers,
+         _at("paths.speedups:FusedAdamStep"), "update", blockers=_direct_adam_blockers,
          auto=_always("the optimiser's per-step bookkeeping costs more than the kernel on small models")),
     Flag(_o("torch_threads"), Union[Annotated[int, Field(ge=1, le=1024)], Auto, None], None, (1, 2), "auto",
          FP_REORDER, "another thread count splits reductions differently",
          "torch's default intra-op threads (all cores).", "a set number of intra-op threads while the trainer runs.",
-         "device.thread_settings", "update", auto=_threads_auto,
+         _at("runtime.device:apply_threads"), "update", auto=_threads_auto,
          advice="torch_threads=1 (small models lose more to thread hand-off than they gain)"),
     Flag(_o("uint8_transfer"), BoolOrAuto, False, (True,), "auto", EXACT, "uint8 -> float32 / 255 on either side",
          "pixel observations become float32 on the host before the copy.",
          "pixels cross as uint8 (a quarter of the bytes) and are normalised on the device.",
-         "device.HostToDevice", "transfer", bodies=("cnn",), auto=_uint8_auto),
+         _at("paths.speedups:HostToDevice"), "transfer", bodies=("cnn",), auto=_uint8_auto),
     Flag(_o("num_workers"), int, 0, (1, 2), 0, EXACT, "the same minibatches, assembled earlier",
          "minibatches assembled inline.", "background threads assemble the next minibatches during the update.",
-         "prefetch.Prefetcher", "update", constraints={"ge": 0, "le": 64}),
+         _at("paths.prefetch:Prefetcher"), "update", constraints={"ge": 0, "le": 64}),
     Flag(_o("batch_inference"), bool, False, (True,), True, EXACT, "the same rows, one batched matmul",
          "one forward per env and a host copy per sample.", "one batched forward per step, one host copy.",
-         "ppo.PPOTrainer._act_batched / value_based.ValueTrainer._act_batched", "inference",
+         _at("ppo.trainer:PPOTrainer._act_batched", "value.loop:ValueTrainer._act_batched"), "inference",
          advice="batch_inference=true (one forward for all envs)"),
     Flag(_o("inference_batch_size"), Union[Annotated[int, Field(ge=1)], None], None, (2,), None, EXACT,
          "the same rows in chunks", "one forward of num_envs rows.", "forwards of this many rows.",
-         "numpy_acting.chunk_rows", "inference", role=SETTING),
+         _at("paths.numpy_acting:chunk_rows"), "inference", role=SETTING),
     Flag(_o("sync_free_logging"), bool, False, (True,), True, EXACT, "the same float32 sums, read once per interval",
          "`.item()` per logged value.", "float32 device accumulators, one sync per log interval.",
-         "stats.make_stats", "logging", advice="sync_free_logging=true"),
+         _at("paths.training_stats:make_stats"), "logging", advice="sync_free_logging=true"),
     Flag(_o("lean_rollout"), BoolOrAuto, False, (True,), "auto", EXACT, "the same values, copied once per rollout",
          "each rollout step's reset mask, rewards and done flags cross to the device, and its actions, "
          "log-probabilities and values are written to storage, as they come.",
          "the reset mask, rewards and done flags are staged on the host and cross once per rollout; actions, "
          "log-probabilities and values are stacked once (with numpy_acting, staged on the host with the "
          "observations and copied once each); episodes and transitions are counted once per rollout from the "
-         "staged arrays.", "ppo.PPOTrainer._collect_lean", "transfer",
+         "staged arrays.", _at("ppo.trainer:PPOTrainer._collect_lean"), "transfer",
          algos=("ppo",), auto=_always("one host->device copy per rollout, not per step")),
     Flag(_o("stacked_mlps"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "one block-diagonal matmul per layer sums in another order",
          "the actor and the critic run as two networks when acting (in torch, or in NumPy with numpy_acting).",
          "they run as one stacked network (first layers concatenated, later ones block-diagonal: one matmul per "
          "layer), a snapshot per rollout: `StackedMLPs` in torch, `NumpyMLP.side_by_side` with numpy_acting.",
-         "ppo.PPOTrainer._actor_critic / ppo.PPOTrainer._numpy_forward",
+         _at("ppo.trainer:PPOTrainer._actor_critic", "ppo.trainer:PPOTrainer._numpy_forward"),
          "inference", algos=("ppo",), bodies=("mlp",), blockers=_stacked_blockers,
          auto=_always("half the forwards when acting")),
     Flag(_o("fused_gae"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "GAE's terms precomputed for the whole rollout: another op order",
          "GAE as a loop of elementwise ops per step.",
          "the rollout-wide terms at once, then one fused multiply-add per step (on the CPU, two NumPy calls on views).",
-         "ppo.compute_gae_fused", "update", algos=("ppo",), auto=_always("fewer ops per time step")),
+         _at("ppo.trainer:compute_gae_fused"), "update", algos=("ppo",), auto=_always("fewer ops per time step")),
     Flag(_o("packed_gather"), BoolOrAuto, False, (True,), "auto", EXACT, "the same rows, gathered from one tensor",
          "a minibatch is one gather per field.", "the batch packed column-wise once; a minibatch is one gather.",
-         "ppo.PPOTrainer._packed_gather", "update", algos=("ppo",), blockers=_packed_gather_blockers,
+         _at("ppo.trainer:PPOTrainer._packed_gather"), "update", algos=("ppo",), blockers=_packed_gather_blockers,
          auto=_always("one gather per minibatch instead of one per field")),
     Flag(_o("replay_direct_write"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the writer's rows, bit for bit",
          "one-step transitions go through the n-step writer's batch, then into replay.",
          "a step with no reset row is written field by field straight into tensor replay.",
-         "buffers.ReplayBuffer.add_one_step", "env", algos=("dqn", "iqn"), devices=("cpu",), bodies=("mlp",),
+         _at("replay.buffers:ReplayBuffer.add_one_step"), "env", algos=("dqn", "iqn"), devices=("cpu",), bodies=("mlp",),
          blockers=_direct_write_blockers, auto=_always("no batch between the env step and replay")),
     Flag(_o("hand_written_quantile_loss"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "the same loss and gradient by hand: another op order",
          "the quantile Huber loss in ordinary tensor ops, differentiated by autograd.",
          "a custom autograd function with its own backward (fewer saved tensors and ops).",
-         "iqn.quantile_huber_loss", "update", algos=("iqn",),
+         _at("value.iqn:quantile_huber_loss"), "update", algos=("iqn",),
          auto=_always("fewer ops and saved tensors in the loss's backward")),
     Flag("dqn.n_step", int, 1, (3,), 1, OUTCOME, "n-step targets change the learning signal",
-         "one-step TD targets.", "the chunked n-step writer.", "nstep.make_writer", "update", role=ALGORITHM,
+         "one-step TD targets.", "the chunked n-step writer.", _at("replay.writers:make_writer"), "update", role=ALGORITHM,
          algos=("dqn",)),
     Flag("dqn.prioritized_replay", bool, False, (True,), False, OUTCOME, "prioritised sampling changes the sample stream",
-         "uniform sampling.", "tensorised proportional PER.", "per.PrioritizedSampler", "update", role=ALGORITHM,
+         "uniform sampling.", "tensorised proportional PER.", _at("replay.per:PrioritizedSampler"), "update", role=ALGORITHM,
          algos=("dqn",)),
     Flag("iqn.n_step", int, 1, (3,), 1, OUTCOME, "n-step targets change the learning signal",
-         "one-step TD targets.", "the chunked n-step writer.", "nstep.make_writer", "update", role=ALGORITHM,
+         "one-step TD targets.", "the chunked n-step writer.", _at("replay.writers:make_writer"), "update", role=ALGORITHM,
          algos=("iqn",)),
     Flag("iqn.prioritized_replay", bool, False, (True,), False, OUTCOME, "prioritised sampling changes the sample stream",
-         "uniform sampling.", "tensorised proportional PER.", "per.PrioritizedSampler", "update", role=ALGORITHM,
+         "uniform sampling.", "tensorised proportional PER.", _at("replay.per:PrioritizedSampler"), "update", role=ALGORITHM,
          algos=("iqn",)),
 )
 
 REGISTRY: dict[str, Flag] = {f.key: f for f in FLAGS}
 OPTIMISATION_FLAGS = tuple(f for f in FLAGS if f.section == "optimizations")
+
+
+def resolve_reference(reference: str) -> Any:
+    """The object a ``where`` reference names (``module:Qualified.name``, or a bare module); ImportError or
+    AttributeError when it names nothing."""
+    module_name, _, qualname = reference.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in filter(None, qualname.split(".")):
+        target = getattr(target, part)
+    return target
 
 
 def flag(key: str) -> Flag:

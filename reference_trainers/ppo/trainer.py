@@ -347,20 +347,9 @@ class PPOTrainer(Checkpointable):
                               "(reference_trainers.build_trainer picks it); PPOTrainer accepts: none")
         return ActorCritic(self.obs_shape, action_space, self.config.model)
 
-    # the update machinery lives in the shared Learner; these are its parts, by their old names
-    optimizer = property(lambda self: self.learner.optimizer)
-    scaler = property(lambda self: self.learner.scaler)
-    stats = property(lambda self: self.learner.stats)
-    nonfinite_events = property(lambda self: self.learner.nonfinite_events)
-    _graphed = property(lambda self: self.learner.graphed)
-
     @property
-    def loss_and_grads(self):  # noqa: ANN201 - the (possibly compiled) train-step closure
-        return self.learner.loss_and_grads
-
-    @loss_and_grads.setter
-    def loss_and_grads(self, fn) -> None:  # noqa: ANN001
-        self.learner.loss_and_grads = fn
+    def nonfinite_events(self) -> int:
+        return self.learner.nonfinite_events
 
     def rng_generators(self) -> dict[str, torch.Generator]:
         return {"sampling": self.generator}
