@@ -112,7 +112,7 @@ def test_enabled_without_torchrun_is_a_clear_error(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("overrides,message", [
     (["distributed.backend=nccl"], "distributed.backend: 'nccl' needs CUDA"),
-    (["optimizations.compile_train_step=true"], "optimizations.compile_train_step: DDP all-reduces"),
+    (["optimizations.compile_train_step=true"], "optimizations.compile_train_step: true cannot be used here (DDP all-reduces"),
     (["distributed.timeout_s=0"], "distributed.timeout_s: invalid value 0"),
     (["distributed.enabled=1"], "distributed.enabled: invalid value 1: expected true or false"),
     (["distributed.world=2"], "distributed.world: unknown key"),
@@ -136,7 +136,7 @@ def test_backend_auto_is_gloo_on_cpu_and_compile_train_step_auto_stays_off(monke
 def test_cuda_graphs_cannot_capture_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError, match="optimizations.cuda_graphs: cannot capture DDP"):
+    with pytest.raises(ConfigError, match="optimizations.cuda_graphs: true cannot be used here \\(a graph cannot capture DDP's gradient all-reduce"):
         resolve_config(build_config({}, ["device=cuda", "distributed.enabled=true", "optimizations.cuda_graphs=true"]))
 
 

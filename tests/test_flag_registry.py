@@ -143,3 +143,15 @@ def test_auto_where_the_flag_does_not_apply_resolves_to_the_plain_value_with_a_r
     section = getattr(resolution.config, entry.section)
     assert getattr(section, entry.name) == entry.plain
     assert algo in resolution.reasons[entry.key]
+
+
+def test_flag_rules_live_only_in_the_registry() -> None:
+    """resolve.py and the trainers raise no error about an optimisation flag of their own: every such rule is a
+    registry blocker, so `rlgauge config`, `auto` and the docs read the same rules."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "reference_trainers"
+    rule = re.compile(r"ConfigError\(\s*f?[\"']optimizations\.")
+    offenders = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if path.name != "flags.py"
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if rule.search(line)]
+    assert offenders == []

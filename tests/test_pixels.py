@@ -72,7 +72,8 @@ def test_auto_body_is_cnn_for_images_and_mlp_otherwise() -> None:
     (["device=cpu", "optimizations.uint8_transfer=true"], "optimizations.uint8_transfer: true needs uint8 image"),
     (PIXELS + ["optimizations.uint8_transfer=true", "model.body=mlp"], "optimizations.uint8_transfer: true needs"),
     (PIXELS + ["algo=dqn", "dqn.prioritized_replay=true", "optimizations.num_workers=2"],
-     "optimizations.num_workers: 2 cannot prefetch prioritized minibatches"),
+     "optimizations.num_workers: 2 cannot be used here (dqn.prioritized_replay: prioritized minibatches cannot be "
+     "prefetched"),
 ])
 def test_pixel_settings_that_cannot_work_are_one_line_config_errors(overrides: list[str], needle: str) -> None:
     with pytest.raises(ConfigError) as err:

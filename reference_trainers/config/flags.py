@@ -97,6 +97,8 @@ class Context:
     supports_fp16_autocast: bool
     supports_tf32: bool
     supports_fused_adam: bool
+    device_name: str = ""
+    """The device as its errors name it (``NVIDIA A100``, the CPU's model)."""
 
     @property
     def kind(self) -> str:
@@ -363,6 +365,58 @@ def _numpy_update_blockers(ctx: Context) -> list[tuple[bool, str]]:
             (o.matmul_precision != "highest", f"matmul_precision {o.matmul_precision!r}: NumPy multiplies in float32")]
 
 
+def _tf32_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    return [(ctx.on_cuda and not ctx.supports_tf32, f"TF32 needs compute capability 8.0+, which {ctx.device_name or ctx.device} lacks")]
+
+
+def _cuda_graphs_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    c, o = ctx.config, ctx.o
+    return [(o.amp is True and o.amp_dtype == "float16",
+             "float16 AMP's GradScaler checks on the host, which a graph cannot capture; use amp_dtype bfloat16"),
+            (c.stability.nan_policy == "skip_update",
+             "stability.nan_policy 'skip_update' decides on the host per update, which a graph cannot capture"),
+            (o.compile_train_step is True, "choose one of cuda_graphs and compile_train_step for the update"),
+            (c.model.recurrent != "none",
+             f"model.recurrent {c.model.recurrent!r}: its update is a Python loop over time steps"),
+            (c.distributed.enabled, "a graph cannot capture DDP's gradient all-reduce")]
+
+
+def _compile_step_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    return [(ctx.config.distributed.enabled,
+             "DDP all-reduces gradients inside backward, which a compiled train step cannot contain")]
+
+
+def _amp_dtype_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    dtype = ctx.o.amp_dtype
+    return [(dtype == "bfloat16" and not ctx.supports_bf16, f"bfloat16 autocast is not supported on {ctx.device_name or ctx.device}"),
+            (dtype == "float16" and not ctx.supports_fp16_autocast, f"float16 autocast is not supported on {ctx.kind}")]
+
+
+def _compile_mode_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    return [(ctx.o.compile_model is not True, "a mode has no effect unless compile_model is true")]
+
+
+def _optimizer_impl_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    import torch
+
+    return [(ctx.o.optimizer_impl == "fused" and not ctx.supports_fused_adam,
+             f"fused Adam is not available on {ctx.kind} with torch {torch.__version__}")]
+
+
+def _num_workers_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    hp = getattr(ctx.config, ctx.algo)
+    return [(ctx.algo in ("dqn", "iqn") and hp.prioritized_replay,
+             f"{ctx.algo}.prioritized_replay: prioritized minibatches cannot be prefetched (each draw needs the "
+             "previous update's priorities)")]
+
+
+def _inference_batch_size_blockers(ctx: Context) -> list[tuple[bool, str]]:
+    o, envs = ctx.o, ctx.config.env.num_envs
+    return [(o.batch_inference is not True, "it chunks the batched forward: needs batch_inference"),
+            (o.inference_batch_size is not None and o.inference_batch_size > envs,
+             f"it exceeds env.num_envs={envs} (accepted: 1..{envs} or null)")]
+
+
 def _always(why: str) -> AutoRule:
     return lambda ctx: (True, why)
 
@@ -400,13 +454,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_o("tf32"), BoolOrAuto, False, (True,), "auto", REDUCED_PRECISION, "TF32 keeps 10 significand bits in matmuls",
          "float32 matmuls and convolutions.", "TF32 tensor-core matmuls and cuDNN convolutions.",
          _at("runtime.device:apply_precision"), "update", devices=("cuda",),
-         auto=lambda ctx: (ctx.on_cuda and ctx.supports_tf32, "TF32 needs compute capability 8.0+")),
+         auto=lambda ctx: (ctx.on_cuda and ctx.supports_tf32, "TF32 needs compute capability 8.0+"), blockers=_tf32_blockers),
     Flag(_o("cuda_graphs"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "a graph needs capturable Adam: step counts and bias corrections as float32 device tensors",
          "the update's kernels launched one by one.", "the fixed-shape update captured once and replayed.",
          _at("paths.speedups:CudaGraphedStep", "paths.learner:Learner._graphed_step"), "update", devices=("cuda",),
          auto=lambda ctx: (False, "opt-in: capture is measured per workload"),
-         advice="cuda_graphs=true for the update"),
+         advice="cuda_graphs=true for the update", blockers=_cuda_graphs_blockers),
     Flag(_o("replay"), Literal["list", "tensor", "auto"], "list", ("tensor",), "auto", EXACT,
          "the same transitions drawn by the same sampler RNG",
          "a Python list of numpy transitions, converted per sampled minibatch.",
@@ -419,7 +473,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_o("amp_dtype"), Literal["bfloat16", "float16", "auto"], "auto", ("bfloat16", "float16"), "auto",
          REDUCED_PRECISION, "bf16 keeps 8 significand bits, fp16 10",
          "(with amp off, unused)", "the autocast dtype: bfloat16, or float16 with a GradScaler.",
-         _at("runtime.device:autocast"), "update", role=SETTING, auto=_amp_dtype_auto),
+         _at("runtime.device:autocast"), "update", role=SETTING, auto=_amp_dtype_auto, blockers=_amp_dtype_blockers),
     Flag(_o("amp"), BoolOrAuto, False, (True,), "auto", REDUCED_PRECISION, "forwards computed in bf16 or fp16",
          "float32 forwards.", "forwards under `torch.autocast` (bf16, or fp16 with a GradScaler).",
          _at("runtime.device:autocast"), "update", auto=_amp_auto, advice="amp=true (tensor cores)"),
@@ -430,7 +484,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_o("compile_mode"), Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
          "default", ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), "default", FP_REORDER,
          "a mode of compile_model", "inductor's default mode.", "another inductor mode for compile_model.",
-         _at("paths.learner:maybe_compile"), "inference", role=SETTING),
+         _at("paths.learner:maybe_compile"), "inference", role=SETTING, blockers=_compile_mode_blockers),
     Flag(_o("analytic_grads"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "the same gradients by hand: other float op order than autograd's",
          "autograd records the forward and runs its backward.",
@@ -469,7 +523,7 @@ FLAGS: tuple[Flag, ...] = (
          advice="numpy_update=true (the hand-written update in NumPy)"),
     Flag(_o("compile_train_step"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "inductor reassociates float ops",
          "the eager train step.", "the train step compiled (`torch.compile`), eager fallback on failure.",
-         _at("paths.speedups:CompiledOrEager"), "update", auto=_compile_step_auto,
+         _at("paths.speedups:CompiledOrEager"), "update", auto=_compile_step_auto, blockers=_compile_step_blockers,
          advice="compile_train_step=true (the update compiled)"),
     Flag(_o("compile_cpp_wrapper"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the same kernels, called from C++ instead of Python",
@@ -492,7 +546,7 @@ FLAGS: tuple[Flag, ...] = (
          FP_REORDER, "multi-tensor and fused kernels reassociate the Adam update",
          "Adam's per-tensor Python loop.", "multi-tensor (`foreach`) or one fused kernel (`fused`) per group.",
          _at("paths.speedups:make_adam"), "update", auto=_optimizer_auto,
-         advice="optimizer_impl=fused (one kernel for the Adam step)"),
+         advice="optimizer_impl=fused (one kernel for the Adam step)", blockers=_optimizer_impl_blockers),
     Flag(_o("foreach_grad_clip"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "the same global norm, summed by multi-tensor kernels",
          "`torch.nn.utils.clip_grad_norm_` (with its per-call checks).",
@@ -515,14 +569,14 @@ FLAGS: tuple[Flag, ...] = (
          _at("paths.speedups:HostToDevice"), "transfer", bodies=("cnn",), auto=_uint8_auto),
     Flag(_o("num_workers"), int, 0, (1, 2), 0, EXACT, "the same minibatches, assembled earlier",
          "minibatches assembled inline.", "background threads assemble the next minibatches during the update.",
-         _at("paths.prefetch:Prefetcher"), "update", constraints={"ge": 0, "le": 64}),
+         _at("paths.prefetch:Prefetcher"), "update", constraints={"ge": 0, "le": 64}, blockers=_num_workers_blockers),
     Flag(_o("batch_inference"), bool, False, (True,), True, EXACT, "the same rows, one batched matmul",
          "one forward per env and a host copy per sample.", "one batched forward per step, one host copy.",
          _at("ppo.trainer:PPOTrainer._act_batched", "value.loop:ValueTrainer._act_batched"), "inference",
          advice="batch_inference=true (one forward for all envs)"),
     Flag(_o("inference_batch_size"), Union[Annotated[int, Field(ge=1)], None], None, (2,), None, EXACT,
          "the same rows in chunks", "one forward of num_envs rows.", "forwards of this many rows.",
-         _at("paths.numpy_acting:chunk_rows"), "inference", role=SETTING),
+         _at("paths.numpy_acting:chunk_rows"), "inference", role=SETTING, blockers=_inference_batch_size_blockers),
     Flag(_o("sync_free_logging"), bool, False, (True,), True, EXACT, "the same float32 sums, read once per interval",
          "`.item()` per logged value.", "float32 device accumulators, one sync per log interval.",
          _at("paths.training_stats:make_stats"), "logging", advice="sync_free_logging=true"),

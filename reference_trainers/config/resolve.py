@@ -45,8 +45,6 @@ def resolve_config(config: TrainConfig) -> Resolution:
     if resolved.distributed.enabled:
         device = _resolve_distributed(resolved, device)
     resolved.device = str(device)
-    o = resolved.optimizations
-    kind = device.type
 
     try:
         check_env_id(resolved.env.id)
@@ -77,46 +75,14 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     ctx = Context(resolved, device, spaces[0], spaces[1], supports_bf16=dev.supports_bf16(device),
                   supports_fp16_autocast=dev.supports_fp16_autocast(device), supports_tf32=dev.supports_tf32(device),
-                  supports_fused_adam=dev.supports_fused_adam(device))
-    for entry in OPTIMISATION_FLAGS:
-        _resolve_flag(entry, ctx, reasons)
-
-    if o.tf32 and not dev.supports_tf32(device):
-        raise ConfigError(f"optimizations.tf32: true needs a GPU of compute capability 8.0+, {dev.device_name(device)} has none; accepted here: false")
-    if o.amp_dtype == "bfloat16" and not dev.supports_bf16(device):
-        raise ConfigError(f"optimizations.amp_dtype: 'bfloat16' is not supported on {dev.device_name(device)}; accepted here: float16 or auto")
-    if o.amp_dtype == "float16" and not dev.supports_fp16_autocast(device):
-        raise ConfigError(f"optimizations.amp_dtype: 'float16' autocast is not supported on {kind}; accepted here: bfloat16 or auto")
-    if o.compile_mode != "default" and not o.compile_model:
-        raise ConfigError(f"optimizations.compile_mode: {o.compile_mode!r} has no effect unless compile_model is true; accepted: default")
-    if o.optimizer_impl == "fused" and not dev.supports_fused_adam(device):
-        raise ConfigError(f"optimizations.optimizer_impl: 'fused' Adam is not available on {kind} with torch {torch.__version__}; accepted here: forloop, foreach")
-
-    if o.inference_batch_size is not None:
-        if not o.batch_inference:
-            raise ConfigError("optimizations.inference_batch_size: only used with batch_inference: true; set batch_inference or leave it null")
-        if o.inference_batch_size > resolved.env.num_envs:
-            raise ConfigError(f"optimizations.inference_batch_size: {o.inference_batch_size} exceeds env.num_envs={resolved.env.num_envs}; accepted: 1..{resolved.env.num_envs} or null")
-
-    if o.cuda_graphs:
-        if o.amp and o.amp_dtype == "float16":
-            raise ConfigError("optimizations.cuda_graphs: cannot capture float16 AMP (GradScaler checks on the host); use amp_dtype: bfloat16")
-        if resolved.stability.nan_policy == "skip_update":
-            raise ConfigError("stability.nan_policy: 'skip_update' decides on the host per update, which cuda_graphs cannot capture; accepted with cuda_graphs: raise, warn")
-        if o.compile_train_step:
-            raise ConfigError("optimizations.cuda_graphs: choose one of cuda_graphs and compile_train_step for the update")
-
-    if resolved.model.recurrent != "none":
-        if resolved.algo != "ppo":
-            raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} is for algo ppo; accepted for "
-                              f"{resolved.algo}: none")
-        if o.cuda_graphs:
-            raise ConfigError(f"optimizations.cuda_graphs: true cannot capture the recurrent update (a Python loop "
-                              f"over time steps); accepted with model.recurrent {resolved.model.recurrent!r}: false or auto")
-    if o.num_workers and resolved.algo in VALUE_BASED and getattr(resolved, resolved.algo).prioritized_replay:
-        raise ConfigError(f"optimizations.num_workers: {o.num_workers} cannot prefetch prioritized minibatches "
-                          f"(each draw needs the previous update's priorities); accepted with "
-                          f"{resolved.algo}.prioritized_replay: 0")
+                  supports_fused_adam=dev.supports_fused_adam(device), device_name=dev.device_name(device))
+    explicit = [entry for entry in OPTIMISATION_FLAGS  # auto values first: a blocker may read any resolved value
+                if not _resolve_auto(entry, ctx, reasons)]
+    for entry in explicit:  # then every value the user chose, against the registry's rules
+        _check_explicit(entry, ctx)
+    if resolved.model.recurrent != "none" and resolved.algo != "ppo":
+        raise ConfigError(f"model.recurrent: {resolved.model.recurrent!r} is for algo ppo; accepted for "
+                          f"{resolved.algo}: none")
 
     action_space = spaces[1]
     if resolved.algo in VALUE_BASED:
@@ -127,9 +93,9 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
 
 def _resolve_distributed(config: TrainConfig, device: torch.device) -> torch.device:
-    """``distributed.enabled``: torchrun's environment, a backend for the device, one GPU per rank,
-    and no update-side flag that cannot run under DDP."""
-    d, o = config.distributed, config.optimizations
+    """``distributed.enabled``: torchrun's environment, a backend for the device, one GPU per rank (the flags
+    that cannot run under DDP say so in the registry)."""
+    d = config.distributed
     missing = distributed.missing_torchrun_variables()
     if missing:
         raise ConfigError(f"distributed.enabled: true needs the environment torchrun sets ({', '.join(missing)} missing); "
@@ -144,12 +110,6 @@ def _resolve_distributed(config: TrainConfig, device: torch.device) -> torch.dev
         device = torch.device("cuda", local)
     if d.backend == "nccl" and device.type != "cuda":
         raise ConfigError(f"distributed.backend: 'nccl' needs CUDA, the resolved device is {device}; accepted here: gloo or auto")
-    if o.cuda_graphs is True:
-        raise ConfigError("optimizations.cuda_graphs: cannot capture DDP's gradient all-reduce; "
-                          "accepted with distributed.enabled: false or auto")
-    if o.compile_train_step is True:
-        raise ConfigError("optimizations.compile_train_step: DDP all-reduces gradients inside backward, which a compiled "
-                          "train step cannot contain; accepted with distributed.enabled: false or auto")
     return device
 
 
@@ -180,23 +140,37 @@ def _not_applicable(entry: Flag, ctx: Context) -> str | None:
     return None
 
 
-def _resolve_flag(entry: Flag, ctx: Context, reasons: dict[str, str]) -> None:
-    """One registry flag: ``auto`` -> a concrete value with its reason; an optimised value where the flag
-    does not apply or a blocker holds -> ConfigError naming the key, the value, why, and what is accepted."""
-    section = getattr(ctx.config, entry.section)
-    value = getattr(section, entry.name)
-    if entry.role != OPTIMISATION and value != "auto":
-        return
+def _why_not(entry: Flag, ctx: Context) -> str | None:
+    """Why ``entry``'s optimised path cannot run here: it does not apply, or one of its blockers holds."""
     why_not = _not_applicable(entry, ctx)
     if why_not is None and entry.blockers is not None:
         why_not = next((why for blocked, why in entry.blockers(ctx) if blocked), None)
-    if value == "auto":
-        choice, why = (entry.plain, why_not) if why_not and entry.role == OPTIMISATION else entry.auto(ctx)
-        setattr(section, entry.name, _pick(reasons, entry.key, choice, why))
+    return why_not
+
+
+def _resolve_auto(entry: Flag, ctx: Context, reasons: dict[str, str]) -> bool:
+    """One registry flag at ``auto``: a concrete value with its reason (the plain value, and why, when the
+    optimised path cannot run here). False when the value was not ``auto``."""
+    section = getattr(ctx.config, entry.section)
+    if getattr(section, entry.name) != "auto":
+        return False
+    why_not = _why_not(entry, ctx) if entry.role == OPTIMISATION else None
+    choice, why = (entry.plain, why_not) if why_not else entry.auto(ctx)
+    setattr(section, entry.name, _pick(reasons, entry.key, choice, why))
+    return True
+
+
+def _check_explicit(entry: Flag, ctx: Context) -> None:
+    """One registry flag at an explicit value other than its plain one: ConfigError naming the key, the value,
+    why it cannot run here and what is accepted here, when the flag does not apply or a blocker holds."""
+    section = getattr(ctx.config, entry.section)
+    value = getattr(section, entry.name)
+    if entry.is_plain(value) or value is False or value is None:
         return
-    if why_not is None or entry.is_plain(value) or value is False or value is None:
+    why_not = _why_not(entry, ctx)
+    if why_not is None:
         return
-    accepted = f"{_show(entry.plain)} or auto" if entry.auto is not None else _show(entry.plain)
+    accepted = _accepted_here(entry, ctx)
     if ctx.config.algo not in entry.algos:
         raise ConfigError(f"{entry.key}: {_show(value)} has no effect for algo {ctx.config.algo!r} ({why_not}); "
                           f"accepted for {ctx.config.algo}: {accepted}")
@@ -204,6 +178,24 @@ def _resolve_flag(entry: Flag, ctx: Context, reasons: dict[str, str]) -> None:
         raise ConfigError(f"{entry.key}: {_show(value)} needs a CUDA device, but the resolved device is {ctx.device}; "
                           f"accepted here: {accepted}")
     raise ConfigError(f"{entry.key}: {_show(value)} cannot be used here ({why_not}); accepted here: {accepted}")
+
+
+def _accepted_here(entry: Flag, ctx: Context) -> str:
+    """The values of ``entry`` that would run here: the plain one, ``auto`` where it has a rule, and each
+    optimised value no rule blocks."""
+    section = getattr(ctx.config, entry.section)
+    value = getattr(section, entry.name)
+    accepted = [_show(entry.plain)]
+    try:
+        for candidate in entry.optimised:
+            setattr(section, entry.name, candidate)
+            if _show(candidate) not in accepted and _why_not(entry, ctx) is None:
+                accepted.append(_show(candidate))
+    finally:
+        setattr(section, entry.name, value)
+    if entry.auto is not None and "'auto'" not in accepted:
+        accepted.append("auto")
+    return " or ".join(accepted) if len(accepted) < 3 else ", ".join(accepted[:-1]) + " or " + accepted[-1]
 
 
 def _resolve_value_based(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:

@@ -294,10 +294,6 @@ class PPOTrainer(Checkpointable):
                                       uint8=bool(o.uint8_transfer))
         self.prefetcher = Prefetcher(o.num_workers)
         self.analytic = bool(o.analytic_grads)
-        if self.analytic and not (isinstance(self.model, ActorCritic) and self.discrete and self.model.torso is None
-                                  and analytic.supports(self.model.actor) and analytic.supports(self.model.critic)):
-            raise ConfigError("optimizations.analytic_grads: true needs the feed-forward MLP actor-critic with discrete "
-                              "actions; accepted here: false or auto")
         loss = self._minibatch_analytic if self.analytic else self._minibatch_loss
         self.learner = Learner(self.model, loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
                                sets_grads=self.analytic)
@@ -306,8 +302,6 @@ class PPOTrainer(Checkpointable):
         self.loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
         self.numpy_update = bool(o.numpy_update)
         if self.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
-            if not self.analytic:
-                raise ConfigError("optimizations.numpy_update: true needs analytic_grads; accepted here: false or auto")
             self.learner.loss = HostPPOStep(self.model.actor, self.model.critic, self.learner.flat_grad,
                                             c.stability.max_grad_norm, **asdict(self.loss_coefs))
         # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
@@ -326,9 +320,6 @@ class PPOTrainer(Checkpointable):
         self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
         self.lean = bool(o.lean_rollout)
         self.stacked_mlps = bool(o.stacked_mlps)
-        if self.stacked_mlps and not self._stackable():
-            raise ConfigError("optimizations.stacked_mlps: true needs the feed-forward MLP actor-critic acting through "
-                              "its own forward (no compile_model, no DDP); accepted here: false or auto")
         self.stacked: StackedMLPs | None = None  # stacked_mlps: the torch acting snapshot of actor and critic
         self.host_policy: tuple[host.NumpyMLP, ...] | None = None  # numpy_acting: the NumPy acting forward(s)
         self.host_split = 0
@@ -390,13 +381,6 @@ class PPOTrainer(Checkpointable):
             self.noise_row += 1
             return block[self.noise_row - 1]
         return self._action_noise().numpy()
-
-    def _stackable(self) -> bool:
-        """Whether acting can run through a stacked snapshot (``stacked_mlps``): an MLP actor and
-        critic without a torso, acting through the model's own forward (not compiled, not DDP)."""
-        model = self.model
-        plain_model = self.forward is model and isinstance(model, ActorCritic) and model.torso is None
-        return plain_model and analytic.supports(model.actor) and analytic.supports(model.critic)
 
     def _drop_snapshots(self) -> None:
         """Forget the acting snapshots (stacked torch network, NumPy forwards): the weights changed."""

@@ -16,7 +16,6 @@ from torch import nn
 
 from reference_trainers.nets import analytic
 from reference_trainers.replay.buffers import Sample
-from reference_trainers.config.schema import ConfigError
 from reference_trainers.nets.networks import QNetwork
 from reference_trainers.paths.numpy_update import HostDQNStep
 from reference_trainers.runtime.trainer import train_from_command_line
@@ -104,8 +103,6 @@ class DQNTrainer(ValueTrainer):
     def host_step(self) -> HostDQNStep:
         """``numpy_update``: ``analytic_loss``'s maths as NumPy calls over views of the online and
         target networks' weights, writing into the learner's flat gradients."""
-        if not self.learner.sets_grads:
-            raise ConfigError("optimizations.numpy_update: true needs analytic_grads; accepted here: false or auto")
         return HostDQNStep(self.model.net, self.target.net, self.learner.flat_grad, self.config.stability.max_grad_norm,
                            self.hp.double_q)
 

@@ -27,9 +27,8 @@ from torch import nn
 
 from reference_trainers.runtime import distributed
 from reference_trainers.nets.analytic import aten_tanh_from
-from reference_trainers.nets.analytic import supports as is_plain_mlp
 from reference_trainers.replay.buffers import Sample, make_replay
-from reference_trainers.config.schema import ConfigError, TrainConfig, ValueConfig
+from reference_trainers.config.schema import TrainConfig, ValueConfig
 from reference_trainers.envs.factory import frames_in_step, open_vector_env
 from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
@@ -204,19 +203,17 @@ class ValueTrainer(Checkpointable):
 
     def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``analytic_grads``: ``loss`` with every parameter's gradient set by hand (DQN defines it)."""
-        raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
-                          "accepted: false or auto")
+        raise NotImplementedError(f"{self.algo} has no hand-written gradients (the registry limits analytic_grads)")
 
     def analytic_grads(self, *batch: torch.Tensor
                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, flat gradients
         clipped by ``Learner.clipped``, their norm)."""
-        raise ConfigError(f"optimizations.analytic_grads: algo {self.algo!r} has no hand-written gradients; "
-                          "accepted: false or auto")
+        raise NotImplementedError(f"{self.algo} has no hand-written gradients (the registry limits analytic_grads)")
 
     def host_step(self) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]]:
         """``numpy_update``: ``analytic_loss`` as a NumPy step (DQN defines it)."""
-        raise ConfigError(f"optimizations.numpy_update: algo {self.algo!r} has no NumPy step; accepted: false or auto")
+        raise NotImplementedError(f"{self.algo} has no NumPy step (the registry limits numpy_update)")
 
     def analytic_grads_at(self, indices: torch.Tensor, weights: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
@@ -306,11 +303,7 @@ class ValueTrainer(Checkpointable):
 
     def _host_q_network(self) -> NumpyMLP:
         """``numpy_acting``: the Q-network's MLP as a NumPy forward over zero-copy views of its weights."""
-        net = getattr(self.model, "net", None)
-        if net is None or not is_plain_mlp(net):
-            raise ConfigError(f"optimizations.numpy_acting: true needs an MLP Q-network; {self.algo}'s is "
-                              f"{type(self.model).__name__}; accepted here: false or auto")
-        return NumpyMLP.of(net)
+        return NumpyMLP.of(self.model.net)  # the registry limits numpy_acting to MLP Q-networks
 
     def _act_numpy(self, obs: np.ndarray) -> np.ndarray:
         """``numpy_acting``: the greedy forward (all sub-envs at once or per sub-env / chunk, as
