@@ -69,8 +69,10 @@ def test_auto_body_is_cnn_for_images_and_mlp_otherwise() -> None:
 
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["device=cpu", "model.body=cnn"], "model.body: 'cnn' needs uint8 (channels, height, width) image observations"),
-    (["device=cpu", "optimizations.uint8_transfer=true"], "optimizations.uint8_transfer: true needs uint8 image"),
-    (PIXELS + ["optimizations.uint8_transfer=true", "model.body=mlp"], "optimizations.uint8_transfer: true needs"),
+    (["device=cpu", "optimizations.uint8_transfer=true"],
+     "optimizations.uint8_transfer: true cannot be used here (model.body 'mlp': it covers the cnn body)"),
+    (PIXELS + ["optimizations.uint8_transfer=true", "model.body=mlp"],
+     "optimizations.uint8_transfer: true cannot be used here (model.body 'mlp'"),
     (PIXELS + ["algo=dqn", "dqn.prioritized_replay=true", "optimizations.num_workers=2"],
      "optimizations.num_workers: 2 cannot be used here (dqn.prioritized_replay: prioritized minibatches cannot be "
      "prefetched"),

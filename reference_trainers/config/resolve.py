@@ -221,8 +221,8 @@ def _spaces(config: TrainConfig) -> tuple[gym.Space, gym.Space]:
 
 
 def _resolve_observations(config: TrainConfig, reasons: dict[str, str], space: gym.Space) -> None:
-    """``model.body`` and ``optimizations.uint8_transfer`` follow the observation space."""
-    model, o = config.model, config.optimizations
+    """``model.body`` follows the observation space (``uint8_transfer`` follows the body: the registry)."""
+    model = config.model
     image = is_image_space(space)
     if model.body == "auto":
         model.body = _pick(reasons, "model.body", "cnn" if image else "mlp",
@@ -234,9 +234,6 @@ def _resolve_observations(config: TrainConfig, reasons: dict[str, str], space: g
         if min(space.shape[1:]) < MIN_CNN_SIDE:
             raise ConfigError(f"model.body: 'cnn' needs images of at least {MIN_CNN_SIDE}x{MIN_CNN_SIDE} pixels, "
                               f"{config.env.id!r} has {space.shape}; accepted: mlp")
-    if o.uint8_transfer is True and model.body != "cnn":
-        raise ConfigError("optimizations.uint8_transfer: true needs uint8 image observations and model.body cnn, "
-                          f"{config.env.id!r} has {space}; accepted here: false or auto")
 
 
 MIN_CNN_SIDE = 36
