@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.measurement.interrupts import stop_on_signals
+from harness.measurement import interrupts
+from harness.measurement.interrupts import deferred_interrupts, raise_if_stopping, stop_on_signals
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS = 2
@@ -133,3 +134,39 @@ def test_a_signal_ignored_on_purpose_stays_ignored() -> None:
         assert stop.received == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_inside_a_measuring_loop_a_signal_waits_for_the_next_check() -> None:
+    """An exception raised asynchronously mid-library-call can leave a lock held or a pipe half read: in the
+    loop the signal is noted, and the loop stops at its next raise_if_stopping()."""
+    reached: list[str] = []
+    with stop_on_signals() as stop:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with deferred_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(20):
+                    time.sleep(0.01)  # an iteration's work: not cut short
+                reached.append("end of the iteration")
+                raise_if_stopping()
+                reached.append("the next iteration")
+    assert reached == ["end of the iteration"] and stop.received == ["SIGTERM"]
+
+
+def test_a_pending_signal_is_raised_when_the_loop_ends_without_another_check() -> None:
+    with stop_on_signals():
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with deferred_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+
+
+def test_an_iteration_that_never_checks_is_interrupted_after_the_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(interrupts, "ESCALATE_AFTER_S", 0.2)
+    started = time.monotonic()
+    with stop_on_signals() as stop:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with deferred_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+                while time.monotonic() - started < 30:  # a long iterate() of one's own trainer
+                    time.sleep(0.01)
+    assert time.monotonic() - started < 10 and stop.received == ["SIGTERM"]

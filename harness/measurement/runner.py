@@ -28,7 +28,7 @@ from harness.stats import quality
 from harness.measurement.checkpoints import Checkpointing
 from harness.errors import UserError
 from harness.measurement.gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
-from harness.measurement.interrupts import raise_if_stopping
+from harness.measurement.interrupts import deferred_interrupts, raise_if_stopping
 from harness.measurement.machine_state import OthersMeter, Snapshot, free_cores, retain_heap
 from harness.specs.own_trainer import OwnConfig, resolve_own
 from harness.specs.presets import VariantSpec
@@ -267,19 +267,20 @@ def _warm_up(live: _Live, progress: RunProgress, run: _Run) -> None:
             live.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         dev.reset_peak_memory(live.resolution.device)
         live.gpu = open_monitor(live.resolution.device)
-        while not live.warmup_done:
-            if live.trainer.iterations and distributed.agreed_min(live.trainer.env_steps) >= budget:
-                live.warmup_done = True
-                live.warmup_env_steps = live.trainer.env_steps
-                break
-            raise_if_stopping()
-            done = live.trainer.iterate()
-            progress.advance(done.env_steps, live.trainer.env_steps)
-            if run.checkpoint_due():
-                dev.synchronize(live.resolution.device)
-                live.warmup_s += clock.lap()[0]
-                run.save(finished=False)
-                clock.lap()  # saving is not warm-up
+        with deferred_interrupts():  # a signal stops the loop between two iterations
+            while not live.warmup_done:
+                if live.trainer.iterations and distributed.agreed_min(live.trainer.env_steps) >= budget:
+                    live.warmup_done = True
+                    live.warmup_env_steps = live.trainer.env_steps
+                    break
+                raise_if_stopping()
+                done = live.trainer.iterate()
+                progress.advance(done.env_steps, live.trainer.env_steps)
+                if run.checkpoint_due():
+                    dev.synchronize(live.resolution.device)
+                    live.warmup_s += clock.lap()[0]
+                    run.save(finished=False)
+                    clock.lap()  # saving is not warm-up
     except (UserError, ConfigError):  # a user's trainer that breaks the contract: bad input, exit 2
         raise
     except Exception as exc:  # the trainer failed: record it, keep the other variants going
@@ -316,24 +317,25 @@ def _timed_segment(live: _Live, progress: RunProgress, run: _Run) -> None:
         seg.cpu_seconds += cpu
 
     try:
-        while distributed.agreed_min(seg.frames) < steps:
-            raise_if_stopping()
-            started = time.perf_counter()
-            done = trainer.iterate()
-            if extra:
-                _busy_wait(extra * (time.perf_counter() - started))
-            seg.frames += done.env_steps
-            seg.decisions += done.agent_steps
-            seg.updates += done.updates
-            live.peak_rss_mb = max(live.peak_rss_mb, metrics.host_rss_mb())
-            progress.advance(done.env_steps, trainer.env_steps)
-            if run.checkpoint_due():
-                dev.synchronize(live.resolution.device)
-                account()
-                live.probe.enabled = False
-                run.save(finished=False)
-                clock.lap()  # saving is not timed
-                live.probe.enabled = True
+        with deferred_interrupts():  # a signal stops the loop between two iterations
+            while distributed.agreed_min(seg.frames) < steps:
+                raise_if_stopping()
+                started = time.perf_counter()
+                done = trainer.iterate()
+                if extra:
+                    _busy_wait(extra * (time.perf_counter() - started))
+                seg.frames += done.env_steps
+                seg.decisions += done.agent_steps
+                seg.updates += done.updates
+                live.peak_rss_mb = max(live.peak_rss_mb, metrics.host_rss_mb())
+                progress.advance(done.env_steps, trainer.env_steps)
+                if run.checkpoint_due():
+                    dev.synchronize(live.resolution.device)
+                    account()
+                    live.probe.enabled = False
+                    run.save(finished=False)
+                    clock.lap()  # saving is not timed
+                    live.probe.enabled = True
         dev.synchronize(live.resolution.device)
     except (UserError, ConfigError):
         raise
