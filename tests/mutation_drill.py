@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if self.block_noise:  # every acting draw", "        if False:  # every acting draw"),
     Mutant("ppo-numpy-update-ignored", _o("numpy_update"), "reference_trainers/ppo/trainer.py",
            "self.numpy_update = bool(o.numpy_update)", "self.numpy_update = False"),
-    Mutant("numpy-update-population-std", _o("numpy_update"), "reference_trainers/paths/numpy_update.py",
+    Mutant("numpy-update-population-std", _o("numpy_update"), "reference_trainers/ppo/loss.py",
            "max(count - 1, np.float32(1.0))", "count", tests=("tests/test_numpy_update.py",)),
     Mutant("numpy-column-sums-halved", _o("numpy_update"), "reference_trainers/paths/numpy_acting.py",
            "return np.matmul(_filled((len(a),), 1.0, a.dtype), a, out=out)",

@@ -25,7 +25,8 @@ from reference_trainers.config.schema import build_config
 from reference_trainers.config.flags import TUNING
 from reference_trainers.nets.networks import StackedMLPs, mlp
 from reference_trainers.paths.speedups import FusedAdamStep
-from reference_trainers.ppo.trainer import PPOLossCoefs, PPOTrainer, evaluate_actions, ppo_loss, ppo_loss_grads
+from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss, ppo_loss_grads
+from reference_trainers.ppo.trainer import PPOTrainer, evaluate_actions
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 

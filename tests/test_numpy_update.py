@@ -26,7 +26,8 @@ from reference_trainers.paths import numpy_update
 from reference_trainers.config.schema import build_config
 from reference_trainers.paths.learner import flat_gradients
 from reference_trainers.nets.networks import mlp
-from reference_trainers.ppo.trainer import PPOLossCoefs, PPOTrainer, _host_packed_gather, ppo_loss_grads
+from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss_grads, ppo_loss_grads_numpy
+from reference_trainers.ppo.trainer import PPOTrainer, _host_packed_gather
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 ON = ["optimizations.analytic_grads=true", "optimizations.numpy_update=true"]
@@ -40,7 +41,7 @@ def test_numpy_ppo_loss_grads_match_the_torch_ones(rows: int, actions: int, seed
     logits, values, batch = loss_inputs(rows, actions, seed, near_old, masked)
     cfg = PPOLossCoefs(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=0.01, vf_coef=0.5, norm_adv=norm_adv)
     loss, stats, grad_logits, grad_values = ppo_loss_grads(logits, values, *batch, cfg)
-    scalars, host_logits, host_values = numpy_update.ppo_loss_grads(
+    scalars, host_logits, host_values = ppo_loss_grads_numpy(
         logits.numpy(), values.numpy(), *(x.numpy() for x in batch), np.float32(0.2), clip_vloss, np.float32(0.01),
         np.float32(0.5), norm_adv)
     for array in (scalars, host_logits, host_values):

@@ -33,7 +33,8 @@ from reference_trainers import NonFiniteError
 from reference_trainers.runtime import device as dev
 from reference_trainers.config.schema import build_config
 from reference_trainers.paths.training_stats import ItemStats, SyncFreeStats
-from reference_trainers.ppo.trainer import PPOLossCoefs, PPOTrainer, compute_gae, ppo_loss
+from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss
+from reference_trainers.ppo.trainer import PPOTrainer, compute_gae
 
 CUDA = torch.cuda.is_available()
 MPS = dev.mps_available()

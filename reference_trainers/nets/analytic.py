@@ -6,7 +6,7 @@ activations it needs, and ``mlp_backward`` applies the chain rule with one matmu
 and per layer input, one sum per bias and one elementwise op per activation, the formulas
 torch's own backward functions use (``AddmmBackward``, ``TanhBackward``,
 ``ThresholdBackward``), under ``no_grad``. The loss's gradient with respect to the network
-outputs is the algorithm's (``ppo.ppo_loss_grads``). Same maths as autograd, reassociated
+outputs is the algorithm's (``ppo.loss.ppo_loss_grads``). Same maths as autograd, reassociated
 sums: the fp-reorder parity class. Guarded by tests/test_analytic.py.
 
 ``optimizations.aten_tanh``: inside a compiled CPU step, tanh on activations of at least

@@ -3,7 +3,7 @@
 ``analytic_grads`` removes autograd from a small update, but each of its torch ops still
 spends microseconds in dispatch for a few thousand multiply-adds, and torch's CPU tanh kernel
 is several times slower than NumPy's on a minibatch's activations. Here the same forward,
-loss gradients (``ppo.ppo_loss_grads``; DQN's Huber TD gradient, ``dqn.DQNTrainer._td_gradient``),
+loss gradients (``ppo.loss.ppo_loss_grads_numpy``; DQN's Huber TD gradient, ``dqn.DQNTrainer._td_gradient``),
 backward (``analytic.mlp_backward``) and gradient clipping run as NumPy calls on zero-copy
 views: the weights (and DQN's target network) are read through views of the parameters, the
 gradients are written into views of the learner's flat gradient buffer, and the optimiser
@@ -22,10 +22,11 @@ from torch import nn
 
 from reference_trainers.nets.analytic import ACTIVATION_NAMES
 from reference_trainers.nets.networks import MLP
-from reference_trainers.paths.numpy_acting import NumpyMLP, column_sums, host_view, relu_, row_max, row_sums, taken_index
+from reference_trainers.paths.numpy_acting import NumpyMLP, column_sums, host_view, relu_
+from reference_trainers.ppo.loss import ppo_loss_grads_numpy as ppo_loss_grads
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
-"""The statistics a PPO step returns (``ppo.ppo_loss_grads``'s, and the non-finite flag)."""
+"""The statistics a PPO step returns (``ppo.loss.ppo_loss_grads``'s, and the non-finite flag)."""
 DQN_STAT_NAMES = ("loss", "q_values", "nonfinite")
 """The 0-d statistics a DQN step returns (``dqn.DQNTrainer.loss``'s, and the non-finite flag)."""
 
@@ -87,63 +88,6 @@ class HostMLP:
                 grad_out *= slope
             else:  # relu: the gradient passes where the output is positive
                 grad_out *= layer_input > 0
-
-
-def _max_share(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``ppo._max_share``: 1, 0, or 1/2 at a tie."""
-    return (np.sign(a - b) + 1.0) * 0.5
-
-
-def ppo_loss_grads(logits: np.ndarray, value: np.ndarray, actions: np.ndarray, old_logprob: np.ndarray,
-                   advantages: np.ndarray, returns: np.ndarray, old_value: np.ndarray, mask: np.ndarray,
-                   clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``ppo.ppo_loss_grads`` in NumPy: (loss then the statistics of ``STAT_NAMES`` but the last,
-    as one float32 array; d loss / d logits; d loss / d values)."""
-    count = max(mask.sum(), np.float32(1.0))
-    weight = mask / count
-    if norm_adv:  # Bessel-corrected, as in ppo_loss
-        centered = advantages - advantages @ weight
-        advantages = centered / (np.sqrt((centered * centered) @ mask / max(count - 1, np.float32(1.0))) + 1e-8)
-    shifted = logits - row_max(logits)[:, None]
-    probs = np.exp(shifted)
-    log_probs = shifted - np.log(row_sums(probs))[:, None]
-    np.exp(log_probs, out=probs)
-    taken = taken_index(actions, logits.shape[1])
-    log_ratio = log_probs.take(taken) - old_logprob
-    ratio = np.exp(log_ratio)
-    low, high = 1 - clip_coef, 1 + clip_coef
-    neg_adv = -advantages
-    unclipped, clipped = neg_adv * ratio, neg_adv * np.clip(ratio, low, high)
-    value_error = value - returns
-    if clip_vloss:
-        value_step = value - old_value
-        clipped_error = old_value + np.clip(value_step, -clip_coef, clip_coef) - returns
-        squared, clipped_squared = np.square(value_error), np.square(clipped_error)
-        value_terms = np.maximum(squared, clipped_squared)
-    else:
-        value_terms = np.square(value_error)
-    ratio_step = ratio - 1.0
-    terms = np.stack([np.maximum(unclipped, clipped), value_terms, -row_sums(probs * log_probs),
-                      ratio_step - log_ratio, (np.abs(ratio_step) > clip_coef).astype(np.float32)])
-    pg_loss, value_sum, entropy, approx_kl, clip_fraction = terms @ weight
-    v_loss = 0.5 * value_sum
-    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
-
-    share = np.where((ratio >= low) & (ratio <= high), np.float32(1.0), _max_share(unclipped, clipped))
-    grad_logprob = weight * neg_adv * share * ratio
-    grad_log_probs = (log_probs + 1.0) * probs * (weight * ent_coef)[:, None]
-    grad_log_probs.reshape(-1)[taken] += grad_logprob  # one index per row: no repeats
-    grad_logits = grad_log_probs - probs * row_sums(grad_log_probs)[:, None]
-    if clip_vloss:
-        share_v = _max_share(squared, clipped_squared)
-        passes = (value_step >= -clip_coef) & (value_step <= clip_coef)
-        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
-    else:
-        slope = value_error
-    grad_value = slope * (weight * vf_coef)
-    scalars = np.array([loss, pg_loss, v_loss, entropy, approx_kl, clip_fraction], dtype=np.float32)
-    return scalars, grad_logits, grad_value
 
 
 class FlatGradients:

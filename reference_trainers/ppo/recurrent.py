@@ -25,7 +25,8 @@ from torch import nn
 
 from reference_trainers.state.checkpoint import decode_array, encode_array
 from reference_trainers.nets.networks import RecurrentActorCritic
-from reference_trainers.ppo.trainer import PPOTrainer, evaluate_actions, ppo_loss, sample_action
+from reference_trainers.ppo.loss import ppo_loss
+from reference_trainers.ppo.trainer import PPOTrainer, evaluate_actions, sample_action
 
 __all__ = ["RecurrentPPOTrainer", "episode_starts"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import gymnasium as gym
@@ -31,6 +31,7 @@ from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from reference_trainers.nets.networks import ActorCritic, StackedMLPs
 from reference_trainers.paths.numpy_update import HostPPOStep
+from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss, ppo_loss_grads
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
@@ -40,7 +41,7 @@ from reference_trainers.state.trainer_state import Checkpointable
 
 LOG_2PI = math.log(2 * math.pi)
 
-__all__ = ["PPOTrainer", "compute_gae", "compute_gae_fused", "ppo_loss", "ppo_loss_grads"]
+__all__ = ["PPOTrainer", "compute_gae", "compute_gae_fused"]
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -137,112 +138,6 @@ def _chain_on_host(deltas: np.ndarray, chain: np.ndarray, out: np.ndarray) -> No
     for t in range(len(deltas) - 1, -1, -1):
         np.multiply(chain[t], running, out=scaled)
         running = np.add(deltas[t], scaled, out=out[t])
-
-
-def ppo_loss(new_logprob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor, old_logprob: torch.Tensor,
-             advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
-             cfg: "PPOLossCoefs") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + (clipped) value loss - entropy bonus, averaged over valid samples."""
-    count = mask.sum().clamp_min(1.0)
-    masked_mean = lambda x: (x * mask).sum() / count  # noqa: E731
-    if cfg.norm_adv:  # per minibatch, with Bessel's correction (torch's std, as CleanRL and SB3)
-        mean = masked_mean(advantages)
-        std = torch.sqrt(((advantages - mean) ** 2 * mask).sum() / (count - 1.0).clamp_min(1.0))
-        advantages = (advantages - mean) / (std + 1e-8)
-    log_ratio = new_logprob - old_logprob
-    ratio = log_ratio.exp()
-    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
-    if cfg.clip_vloss:
-        clipped = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
-        v_loss = 0.5 * masked_mean(torch.max((new_value - returns) ** 2, (clipped - returns) ** 2))
-    else:
-        v_loss = 0.5 * masked_mean((new_value - returns) ** 2)
-    entropy_loss = masked_mean(entropy)
-    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-    with torch.no_grad():
-        stats = {
-            "policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-            "approx_kl": masked_mean((ratio - 1) - log_ratio),
-            "clip_fraction": masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float()),
-        }
-    return loss, stats
-
-
-def _max_share(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The share of the gradient of ``torch.max(a, b)`` that goes to ``a``: 1, 0, or 1/2 at a tie (as in autograd)."""
-    return (torch.sign(a - b) + 1.0) * 0.5
-
-
-def _clamp_passes(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """Where ``clamp(x, low, high)`` passes the gradient: inside the range, bounds included."""
-    return (x >= low) & (x <= high)
-
-
-def ppo_loss_grads(actor_out: torch.Tensor, new_value: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                   advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
-                   cfg: PPOLossCoefs) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """``ppo_loss`` of categorical logits, and its gradient with respect to the logits and the
-    values, derived by hand (``analytic_grads``); returns (loss, stats, d loss/d logits, d loss/d values).
-
-    The same maths as ``ppo_loss`` + ``evaluate_actions`` under autograd, with fewer ops: the
-    masked means are one matrix-vector product with ``mask / count``, and each ``max``/``clamp``
-    pair's gradient is one share (ties split in half, clamp bounds included, as autograd does).
-    Agreement with autograd: tests/test_analytic.py."""
-    count = mask.sum().clamp_min(1.0)
-    weight = mask / count  # masked_mean(x) = x . weight
-    if cfg.norm_adv:  # Bessel-corrected, as in ppo_loss
-        centered = advantages - advantages.dot(weight)
-        advantages = centered / ((centered.square().dot(mask) / (count - 1.0).clamp_min(1.0)).sqrt() + 1e-8)
-    log_probs = F.log_softmax(actor_out, dim=-1)
-    probs = log_probs.exp()
-    taken = actions.long().unsqueeze(-1)
-    log_ratio = log_probs.gather(-1, taken).squeeze(-1) - old_logprob
-    ratio = log_ratio.exp()
-    low, high = 1 - cfg.clip_coef, 1 + cfg.clip_coef
-    neg_adv = -advantages
-    unclipped, clipped = neg_adv * ratio, neg_adv * ratio.clamp(low, high)
-    value_error = new_value - returns
-    if cfg.clip_vloss:
-        value_step = new_value - old_value
-        clipped_error = old_value + value_step.clamp(-cfg.clip_coef, cfg.clip_coef) - returns
-        squared, clipped_squared = value_error.square(), clipped_error.square()
-        value_terms = torch.maximum(squared, clipped_squared)
-    else:
-        value_terms = value_error.square()
-    ratio_step = ratio - 1.0
-    terms = torch.stack([torch.maximum(unclipped, clipped), value_terms, -(probs * log_probs).sum(-1),
-                         ratio_step - log_ratio, (ratio_step.abs() > cfg.clip_coef).float()])
-    pg_loss, value_sum, entropy_loss, approx_kl, clip_fraction = terms.mv(weight).unbind()
-    v_loss = 0.5 * value_sum
-    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-
-    # policy: the max's share to the unclipped side, else the clamp's pass-through, then exp
-    share = torch.where(_clamp_passes(ratio, low, high), 1.0, _max_share(unclipped, clipped))
-    grad_logprob = weight * neg_adv * share * ratio
-    # entropy -(p * log p).sum(-1) with p = exp(log p): d/d log p = -p * (1 + log p) per unit of entropy
-    grad_log_probs = (log_probs + 1.0) * probs * (weight * cfg.ent_coef).unsqueeze(-1)
-    grad_log_probs = grad_log_probs.scatter_add(-1, taken, grad_logprob.unsqueeze(-1))
-    grad_logits = grad_log_probs - probs * grad_log_probs.sum(-1, keepdim=True)  # log_softmax backward
-    # value: 0.5 * vf_coef * mean of the (clipped) squared error; d (e^2) = 2e
-    if cfg.clip_vloss:
-        share_v = _max_share(squared, clipped_squared)
-        passes = _clamp_passes(value_step, -cfg.clip_coef, cfg.clip_coef)
-        slope = share_v * value_error + (1.0 - share_v) * clipped_error * passes
-    else:
-        slope = value_error
-    grad_value = slope * (weight * cfg.vf_coef)
-    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss, "approx_kl": approx_kl,
-             "clip_fraction": clip_fraction}
-    return loss, stats, grad_logits, grad_value
-
-
-@dataclass(frozen=True)
-class PPOLossCoefs:
-    clip_coef: float
-    clip_vloss: bool
-    ent_coef: float
-    vf_coef: float
-    norm_adv: bool
 
 
 def _host_packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[np.ndarray, ...]]:
