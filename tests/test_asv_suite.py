@@ -306,3 +306,71 @@ def test_asv_quick_flow_then_publish_fills_the_site(tmp_path: Path) -> None:
     assert graphs, "asv publish drew no graph for the benchmark"
     points = json.loads(graphs[0].read_text(encoding="utf-8"))  # [[revision, [value per param set]], ...]
     assert any(value is not None for _revision, values in points for value in values)
+
+
+# --------------------------------------------------------------------------- the gated CPU-time benchmarks
+
+def test_cpu_time_benchmarks_time_process_cpu_seconds_over_interleaved_processes() -> None:
+    for cls in (bench_throughput.TrainingCpuTime, bench_inference.InferenceCpuTime):
+        assert cls.timer is common.process_cpu_seconds or cls.__dict__["timer"].__func__ is common.process_cpu_seconds
+        assert (cls.number, cls.repeat, cls.rounds, cls.warmup_time) == (1, common.CPU_TIME_REPEATS,
+                                                                          common.CPU_TIME_ROUNDS, 0.0)
+    # asv's Mann-Whitney test can reach p < 0.002 only with at least 6 samples a side
+    assert common.CPU_TIME_REPEATS * common.CPU_TIME_ROUNDS >= 6
+
+
+def test_process_cpu_seconds_counts_work_not_waiting() -> None:
+    import time
+
+    start = common.process_cpu_seconds()
+    time.sleep(0.2)
+    assert common.process_cpu_seconds() - start < 0.05  # sleeping costs no CPU time
+    start, give_up = common.process_cpu_seconds(), time.perf_counter() + 60
+    while common.process_cpu_seconds() - start < 0.1:  # busy work does (however loaded the machine)
+        assert time.perf_counter() < give_up, "a busy loop added no CPU time in 60 s"
+
+
+@pytest.mark.parametrize("cls", [bench_throughput.TrainingCpuTime, bench_inference.InferenceCpuTime],
+                         ids=lambda c: c.__name__)
+def test_cpu_time_benchmarks_skip_every_device_but_the_cpu(cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "available", lambda device: True)  # even where a GPU is present
+    for device in ("cuda", "mps"):
+        with pytest.raises(NotImplementedError, match="cpu device only"):
+            cls().setup("ppo-cartpole", "optimized", device)
+
+
+def test_training_cpu_time_trains_its_step_budget_after_warm_up_on_one_trainer_per_process() -> None:
+    common.warmed_trainer.cache_clear()
+    bench = bench_throughput.TrainingCpuTime()
+    bench.setup("ppo-cartpole", "optimized", "cpu")
+    trainer = bench.trainer
+    assert trainer.env_steps >= common.WARMUP_STEPS
+    before = trainer.env_steps
+    bench.time_train_env_steps("ppo-cartpole", "optimized", "cpu")
+    assert trainer.env_steps - before >= common.RUN_STEPS["ppo-cartpole"]
+    again = bench_throughput.TrainingCpuTime()
+    again.setup("ppo-cartpole", "optimized", "cpu")  # asv re-runs setup before every sample
+    assert again.trainer is trainer
+
+
+def test_inference_cpu_time_selects_actions_a_fixed_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = bench_inference.InferenceCpuTime()
+    bench.setup("dqn-cartpole", "optimized", "cpu")
+    calls = []
+    real = bench.trainer.select_actions
+    monkeypatch.setattr(bench.trainer, "select_actions", lambda obs: calls.append(obs.shape) or real(obs))
+    bench.time_50_action_selections("dqn-cartpole", "optimized", "cpu")
+    assert calls == [bench.obs.shape] * common.ACTION_SELECTIONS == [(16, 4)] * 50
+
+
+def test_the_makefile_gates_the_cpu_time_benchmarks_and_reports_the_wall_time_ones() -> None:
+    import re
+
+    gated, reported = re.compile(_make_variable("ASV_GATED")), re.compile(_make_variable("ASV_REPORTED"))
+    assert gated.search("bench_throughput.TrainingCpuTime.time_train_env_steps")
+    assert gated.search("bench_inference.InferenceCpuTime.time_50_action_selections")
+    assert gated.search("bench_memory.HostMemory.peakmem_short_training")
+    for wall in ("bench_throughput.Throughput.track_seconds_per_1k_env_steps",
+                 "bench_inference.InferenceLatency.time_select_actions", "bench_replay.Replay.time_sample_minibatch"):
+        assert not gated.search(wall) and reported.search(wall)
+    assert float(ASV_FACTOR) > 1.0
