@@ -10,7 +10,7 @@ All variants of a preset are measured once per benchmark run, interleaved in one
 are the history drawn on the site; asv judges ``track_`` values by the factor alone (one value
 per commit, no samples), so they are not what a merge is gated on.
 
-``TrainingCpuTime.time_train_env_steps`` is: the process CPU seconds of ``RUN_STEPS`` env steps
+``TrainingCpuTime.time_train_env_steps`` is: the process CPU seconds of ``CPU_TIME_STEPS`` env steps
 of training after warm-up, ``CPU_TIME_REPEATS`` samples in each of ``CPU_TIME_ROUNDS``
 processes per commit, which ``asv continuous`` interleaves across the two commits and judges
 with its Mann-Whitney test (docs/tracking.md has the A/A measurements behind this choice).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from harness.measurement.runner import run_variants
 
-from .common import CPU_TIME_REPEATS, CPU_TIME_ROUNDS, DEVICES, PARAM_NAMES, PARAMS, PRESETS, RUN_STEPS, VARIANTS, \
+from .common import CPU_TIME_REPEATS, CPU_TIME_ROUNDS, CPU_TIME_STEPS, DEVICES, PARAM_NAMES, PARAMS, PRESETS, VARIANTS, \
     available, process_cpu_seconds, skip_unless_available, skip_unless_cpu, spec, throughput_overrides, \
     train_env_steps, warmed_trainer
 
@@ -73,8 +73,8 @@ class Throughput:
 
 
 class TrainingCpuTime:
-    """CPU seconds of ``RUN_STEPS[preset]`` env steps of training (collection and updates), after
-    ``WARMUP_STEPS`` of warm-up in the same process (``setup``, once per process)."""
+    """CPU seconds of ``CPU_TIME_STEPS[preset]`` env steps of training (collection and updates),
+    after ``WARMUP_STEPS`` of warm-up in the same process (``setup``, once per process)."""
 
     params = PARAMS
     param_names = PARAM_NAMES
@@ -87,8 +87,11 @@ class TrainingCpuTime:
 
     def setup(self, preset: str, variant: str, device: str) -> None:
         skip_unless_cpu(device)
+        if preset not in CPU_TIME_STEPS:
+            raise NotImplementedError(f"{preset}: not in the gated training set (common.CPU_TIME_STEPS); "
+                                      "Throughput tracks it")
         self.trainer = warmed_trainer(preset, variant, device)
         self.trainer.activate()
 
     def time_train_env_steps(self, preset: str, variant: str, device: str) -> None:
-        train_env_steps(self.trainer, RUN_STEPS[preset])
+        train_env_steps(self.trainer, CPU_TIME_STEPS[preset])

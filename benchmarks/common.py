@@ -130,3 +130,9 @@ def train_env_steps(trainer, env_steps: int) -> int:  # noqa: ANN001 - a trainer
     while trainer.env_steps - start < env_steps:
         trainer.iterate()
     return trainer.env_steps - start
+CPU_TIME_STEPS = {"ppo-cartpole": 2048, "ppo-acrobot": 2048, "dqn-cartpole": 512, "iqn-cartpole": 512}
+"""Env steps per sample of ``TrainingCpuTime``, for the presets it gates: one PPO iteration
+(rollout and update); 32 sixteen-env steps of DQN / IQN, each with its update. A preset without
+an entry is skipped there, to keep ``asv continuous`` within a CI budget on two cores:
+``ppo-pendulum``'s update costs several times ``ppo-cartpole``'s and shares its code but for
+the action head, which ``InferenceCpuTime`` gates."""

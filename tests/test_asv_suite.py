@@ -22,6 +22,16 @@ BENCHMARK_CLASSES = [bench_throughput.Throughput, bench_throughput.TrainingCpuTi
                      bench_inference.InferenceCpuTime, bench_memory.HostMemory, bench_memory.DeviceMemory]
 
 
+@pytest.fixture(autouse=True)
+def _process_settings_restored():  # noqa: ANN202 - a fixture
+    """The benchmarks' setup applies a trainer's threads and precision to the whole process: put them back."""
+    from reference_trainers.runtime import device as dev
+
+    saved = dev.process_settings()
+    yield
+    dev.restore_process_settings(saved)
+
+
 def _make_variable(name: str) -> str:
     """A ``NAME ?= value`` default of the Makefile."""
     for line in (REPO_ROOT / "Makefile").read_text(encoding="utf-8").splitlines():
@@ -347,10 +357,17 @@ def test_training_cpu_time_trains_its_step_budget_after_warm_up_on_one_trainer_p
     assert trainer.env_steps >= common.WARMUP_STEPS
     before = trainer.env_steps
     bench.time_train_env_steps("ppo-cartpole", "optimized", "cpu")
-    assert trainer.env_steps - before >= common.RUN_STEPS["ppo-cartpole"]
+    assert trainer.env_steps - before >= common.CPU_TIME_STEPS["ppo-cartpole"]
     again = bench_throughput.TrainingCpuTime()
     again.setup("ppo-cartpole", "optimized", "cpu")  # asv re-runs setup before every sample
     assert again.trainer is trainer
+
+
+def test_training_cpu_time_skips_a_preset_outside_its_gated_set() -> None:
+    assert set(common.CPU_TIME_STEPS) < set(common.PRESETS)
+    outside = next(p for p in common.PRESETS if p not in common.CPU_TIME_STEPS)
+    with pytest.raises(NotImplementedError, match="not in the gated training set"):
+        bench_throughput.TrainingCpuTime().setup(outside, "baseline", "cpu")
 
 
 def test_inference_cpu_time_selects_actions_a_fixed_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
