@@ -110,3 +110,66 @@ def test_make_asv_continuous_refuses_an_unknown_ref_in_one_line_before_any_set_u
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, lines
     assert f"{variable}=nonexistent-ref is not a commit" in lines[0] and "HEAD~1" in lines[0]
+
+
+TOY_CONF = """{
+    "version": 1, "project": "toy", "repo": ".", "branches": ["main"],
+    "environment_type": "virtualenv", "pythons": ["%d.%d"], "matrix": {},
+    "build_command": ["python -mpip wheel --no-deps --no-build-isolation -w {build_cache_dir} {build_dir}"],
+    "install_command": ["in-dir={env_dir} python -mpip install --no-deps {wheel_file}"],
+    "uninstall_command": ["return-code=any python -mpip uninstall -y {project}"],
+    "benchmark_dir": "benchmarks", "env_dir": ".asv/env", "results_dir": ".asv/results", "html_dir": ".asv/html"
+}
+"""
+TOY_BENCH = """import time
+
+
+def _cpu(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+class Toy:
+    timer = staticmethod(time.process_time)
+    number, repeat, rounds, warmup_time = 1, 2, 3, 0.0
+
+    def time_burn(self):
+        _cpu(0.01)
+
+
+def peakmem_list():
+    [0] * 100_000
+"""
+
+
+@pytest.mark.slow
+def test_asv_calibrate_runs_asv_continuous_against_a_twin_and_writes_its_verdict(tmp_path: Path) -> None:
+    """End to end on a toy project (no torch): two A/A runs, a recommendation, both files written."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo, home = tmp_path / "toy", tmp_path / "home"
+    (repo / "benchmarks").mkdir(parents=True)
+    home.mkdir()
+    (repo / "asv.conf.json").write_text(TOY_CONF % sys.version_info[:2], encoding="utf-8")
+    (repo / "benchmarks" / "__init__.py").write_text("", encoding="utf-8")
+    (repo / "benchmarks" / "bench_toy.py").write_text(TOY_BENCH, encoding="utf-8")
+    (repo / "pyproject.toml").write_text('[project]\nname = "toy"\nversion = "0"\n[tool.setuptools]\npy-modules = []\n',
+                                         encoding="utf-8")
+    env = {**__import__("os").environ, "HOME": str(home)}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "toy"]):
+        subprocess.run([*git, *args], cwd=repo, check=True, env=env)
+    subprocess.run([sys.executable, "-m", "asv", "machine", "--yes"], cwd=repo, check=True, env=env,
+                   capture_output=True)
+    proc = subprocess.run([sys.executable, "-m", "harness", "asv-calibrate", "--runs", "2", "--bench", "Toy|peakmem",
+                           "--out", str(tmp_path / "out")], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.count("A/A run:") == 2 and "Recommended: make asv-continuous ASV_FACTOR=" in proc.stdout
+    data = __import__("json").loads((tmp_path / "out" / "asv-calibration.json").read_text(encoding="utf-8"))
+    assert data["runs"] == 2 and data["recommended_factor"] >= ac.MIN_FACTOR
+    benchmarks = {pair["benchmark"] for run in data["per_run"] for pair in run["pairs"]}
+    assert benchmarks == {"bench_toy.Toy.time_burn", "bench_toy.peakmem_list"}
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip() \
+        == data["base"]  # the checkout's HEAD did not move

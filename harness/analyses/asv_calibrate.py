@@ -15,14 +15,17 @@ rounded up to 0.05 and never below ``MIN_FACTOR``; the false alarms at the facto
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+import os
 import re
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from harness.errors import UserError
 
@@ -112,8 +115,6 @@ def _measured(value: float | None) -> bool:
 
 
 def _product(params: list[list]) -> list[tuple]:
-    import itertools
-
     return list(itertools.product(*params)) if params else [()]
 
 
@@ -140,8 +141,6 @@ def twin_commit(commit: str, cwd: Path) -> str:
     """A new commit with ``commit``'s tree and ``commit`` as parent; no ref or file changes."""
     env_names = {"GIT_AUTHOR_NAME": "rlgauge", "GIT_AUTHOR_EMAIL": "rlgauge@localhost",
                  "GIT_COMMITTER_NAME": "rlgauge", "GIT_COMMITTER_EMAIL": "rlgauge@localhost"}
-    import os
-
     return subprocess.run(["git", "commit-tree", f"{commit}^{{tree}}", "-p", commit, "-m",
                            f"rlgauge asv-calibrate: A/A twin of {commit[:8]}"], cwd=cwd, capture_output=True,
                           text=True, check=True, env={**os.environ, **env_names}).stdout.strip()
@@ -156,7 +155,7 @@ def asv_results_dir(cwd: Path) -> Path:
     return cwd / load_json(str(conf), js_comments=True).get("results_dir", "results")
 
 
-def run_continuous(base: str, twin: str, bench: str, factor: float, cwd: Path, say) -> Run:  # noqa: ANN001
+def run_continuous(base: str, twin: str, bench: str, factor: float, cwd: Path, say: Callable[[str], None]) -> Run:
     command = [sys.executable, "-m", "asv", "continuous", "--factor", str(factor), "-b", bench, base, twin]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
