@@ -91,10 +91,10 @@ CPU_TIME_ROUNDS = 3
 """Processes per commit of each gated CPU-time benchmark: ``asv continuous`` interleaves them
 across the two commits (base, head, head, base, ...), so a process-level effect (where the
 allocator put things, what the neighbours did) lands on both sides."""
-CPU_TIME_REPEATS = 2
-"""Samples per process of the CPU-time benchmarks: 3 x 2 = 6 per commit, the fewest with which
-asv's Mann-Whitney test can reach its p < 0.002 threshold (only when the two commits' samples
-do not overlap at all)."""
+CPU_TIME_REPEATS = 3
+"""Samples per process of the CPU-time benchmarks: 3 x 3 = 9 per commit. asv's two-sided
+Mann-Whitney test needs p < 0.002, which 6 samples a side can never reach (two samples sets
+apart from end to end give p = 0.0022) and 7 reach only without any overlap."""
 ACTION_SELECTIONS = 50
 """Batched action selections per sample of ``InferenceCpuTime.time_50_action_selections``."""
 
