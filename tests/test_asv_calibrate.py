@@ -48,13 +48,24 @@ def test_false_alarms_count_runs_flagged_at_the_factor_with_a_wilson_interval() 
     assert "False alarms at factor 1.2: 1/3 runs" in text and "ASV_FACTOR=1.50" in text
 
 
+def test_a_benchmark_with_too_few_samples_for_asvs_test_is_reported_as_never_failing() -> None:
+    few = ac.Pair("bench_x.Y.time_few", "", 1.0, 1.5, 1.5, True, False, 6)  # 6 a side: p >= 0.0022
+    enough = ac.Pair("bench_x.Y.time_enough", "", 1.0, 1.01, 1.01, True, False, 9)
+    single = ac.Pair("bench_x.peakmem_one", "", 1.0, 1.0, 1.0, False, False, 0)
+    assert few.never_significant() and not enough.never_significant() and not single.never_significant()
+    data = ac.summary([ac.Run(1.0, 0, [few, enough, single])], 1.2, "a" * 40, "x")
+    assert data["never_significant"] == ["bench_x.Y.time_few"]
+    assert "never fail the gate" in ac.markdown(data) and "bench_x.Y.time_few" in ac.markdown(data)
+
+
 def test_wilson_interval_of_no_alarms_in_five_runs_still_allows_some() -> None:
     low, high = ac.wilson(0, 5)
     assert low == 0.0 and 0.4 < high < 0.5
 
 
 def test_asv_results_are_judged_by_asvs_rule_significant_and_not() -> None:
-    """Two results files asv saved for the same tree (a real A/A run of the gated suite)."""
+    """Two results files asv saved for the same tree: a real A/A run of the gated suite when it took 3 x 2
+    samples a side, which asv's test can never call different (hence 3 x 3 now)."""
     base, twin = sorted(DATA.glob("*.json"))
     pairs = ac.compare_results(base, twin)
     assert pairs, "no benchmark measured on both sides"
@@ -65,7 +76,7 @@ def test_asv_results_are_judged_by_asvs_rule_significant_and_not() -> None:
         if "peakmem" in p.benchmark:  # one value per commit: asv judges it by the factor alone
             assert not p.judged_by_stats and p.acted_on == (p.ratio > 1.0)
         else:
-            assert p.judged_by_stats
+            assert p.judged_by_stats and p.samples == 6 and p.never_significant()  # the 3 x 2 suite of that run
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -52,6 +52,12 @@ class Pair:
     """asv had several samples on both sides and applied its significance test (else: the factor alone)."""
     acted_on: bool
     """asv would flag this ratio at a factor below it (significant, or no samples to test)."""
+    samples: int = 0
+    """The fewer samples of the two sides (0: asv kept none)."""
+
+    def never_significant(self) -> bool:
+        """asv's test runs but cannot reach its threshold with so few samples: this benchmark can never fail."""
+        return self.judged_by_stats and not _can_differ(self.samples)
 
 
 @dataclass
@@ -106,8 +112,16 @@ def compare_results(base_file: Path, twin_file: Path) -> list[Pair]:
             with_stats = bool(stats_a and stats_b and stats_a.get("repeat", 0) != 1 and stats_b.get("repeat", 0) != 1)
             # asv's rule at a factor just above 1: does it act on this pair at all?
             acted = _is_result_better(a, b, ss_a, ss_b, 1.0 + 1e-12) or _is_result_better(b, a, ss_b, ss_a, 1.0 + 1e-12)
-            pairs.append(Pair(key, combo, a, b, max(a / b, b / a), with_stats, acted))
+            n = min(len(samples_a or ()), len(samples_b or ()))
+            pairs.append(Pair(key, combo, a, b, max(a / b, b / a), with_stats, acted, n))
     return pairs
+
+
+def _can_differ(n: int) -> bool:
+    """Whether asv's test can call two sets of ``n`` samples that do not overlap at all different."""
+    from asv._stats import is_different
+
+    return n > 0 and is_different([1.0 + i for i in range(n)], [1.0 + n + i for i in range(n)], None, None)
 
 
 def _measured(value: float | None) -> bool:
@@ -177,6 +191,7 @@ def summary(runs: list[Run], factor: float, base: str, bench: str) -> dict:
     low, high = wilson(alarms, len(runs))
     return {"base": base, "bench": bench, "factor": factor, "recommended_factor": recommend(runs) if runs else None,
             "false_alarms": alarms, "runs": len(runs), "false_alarm_rate_95ci": [low, high],
+            "never_significant": sorted({p.benchmark for run in runs for p in run.pairs if p.never_significant()}),
             "per_run": [{"seconds": round(run.seconds, 1), "asv_exit": run.returncode,
                          "needed_factor": run.needed_factor(),
                          "flagged_at_factor": [f"{p.benchmark}({p.params}) {p.ratio:.3f}" for p in run.flagged(factor)],
@@ -194,6 +209,9 @@ def markdown(data: dict) -> str:
     lines += ["", f"False alarms at factor {data['factor']}: {data['false_alarms']}/{data['runs']} runs "
                   f"(95 % interval {low:.0%}-{high:.0%}).",
               f"Recommended: make asv-continuous ASV_FACTOR={data['recommended_factor']:.2f}", ""]
+    if data["never_significant"]:
+        lines += [f"Warning: too few samples for asv's test to ever call a change significant, so these never fail "
+                  f"the gate (give them more repeat x rounds): {', '.join(data['never_significant'])}", ""]
     return "\n".join(lines)
 
 
