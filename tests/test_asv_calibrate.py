@@ -184,3 +184,8 @@ def test_asv_calibrate_runs_asv_continuous_against_a_twin_and_writes_its_verdict
     assert benchmarks == {"bench_toy.Toy.time_burn", "bench_toy.peakmem_list"}
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip() \
         == data["base"]  # the checkout's HEAD did not move
+
+
+def test_the_defaults_are_the_makefiles_gate() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert f"ASV_FACTOR ?= {ac.FACTOR}\n" in makefile and f"ASV_GATED ?= {ac.GATED}\n" in makefile
