@@ -6,15 +6,23 @@ the median over the repeats, as in a result file) has a lower-is-better twin,
 The twin is the *fastest* repeat: load from other processes only ever adds time, so the best
 of several short repeats moves far less between two runs on a busy machine than the median.
 All variants of a preset are measured once per benchmark run, interleaved in one process
-(``setup_cache``), so machine drift hits them alike; the ``track_`` methods only read.
+(``setup_cache``), so machine drift hits them alike; the ``track_`` methods only read. These
+are the history drawn on the site; asv judges ``track_`` values by the factor alone (one value
+per commit, no samples), so they are not what a merge is gated on.
+
+``TrainingCpuTime.time_train_env_steps`` is: the process CPU seconds of ``CPU_TIME_STEPS`` env steps
+of training after warm-up, ``CPU_TIME_REPEATS`` samples in each of ``CPU_TIME_ROUNDS``
+processes per commit, which ``asv continuous`` interleaves across the two commits and judges
+with its Mann-Whitney test (docs/tracking.md has the A/A measurements behind this choice).
 """
 
 from __future__ import annotations
 
 from harness.measurement.runner import run_variants
 
-from .common import DEVICES, PARAM_NAMES, PARAMS, PRESETS, VARIANTS, available, skip_unless_available, spec, \
-    throughput_overrides
+from .common import CPU_TIME_REPEATS, CPU_TIME_ROUNDS, CPU_TIME_STEPS, DEVICES, PARAM_NAMES, PARAMS, PRESETS, VARIANTS, \
+    available, process_cpu_seconds, skip_unless_available, skip_unless_cpu, spec, throughput_overrides, \
+    train_env_steps, warmed_trainer
 
 
 def measure_all() -> dict[str, dict[str, float]]:
@@ -62,3 +70,28 @@ class Throughput:
         return self.rates["updates_per_sec"]
 
     track_updates_per_sec.unit = "updates/s"  # type: ignore[attr-defined]
+
+
+class TrainingCpuTime:
+    """CPU seconds of ``CPU_TIME_STEPS[preset]`` env steps of training (collection and updates),
+    after ``WARMUP_STEPS`` of warm-up in the same process (``setup``, once per process)."""
+
+    params = PARAMS
+    param_names = PARAM_NAMES
+    timer = staticmethod(process_cpu_seconds)
+    number = 1
+    repeat = CPU_TIME_REPEATS
+    rounds = CPU_TIME_ROUNDS
+    warmup_time = 0.0  # the trainer is warmed up in setup
+    timeout = 300
+
+    def setup(self, preset: str, variant: str, device: str) -> None:
+        skip_unless_cpu(device)
+        if preset not in CPU_TIME_STEPS:
+            raise NotImplementedError(f"{preset}: not in the gated training set (common.CPU_TIME_STEPS); "
+                                      "Throughput tracks it")
+        self.trainer = warmed_trainer(preset, variant, device)
+        self.trainer.activate()
+
+    def time_train_env_steps(self, preset: str, variant: str, device: str) -> None:
+        train_env_steps(self.trainer, CPU_TIME_STEPS[preset])

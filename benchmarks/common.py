@@ -11,6 +11,7 @@ Replay buffers are measured on their own in ``bench_replay.py`` (``REPLAY_*`` be
 from __future__ import annotations
 
 import functools
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -83,3 +84,55 @@ def observations(env_id: str, num_envs: int) -> np.ndarray:
     finally:
         env.close()
     return np.asarray(obs, dtype=np.float32)
+
+# --------------------------------------------------------------------------- CPU-time benchmarks (gated across commits)
+
+CPU_TIME_ROUNDS = 3
+"""Processes per commit of each gated CPU-time benchmark: ``asv continuous`` interleaves them
+across the two commits (base, head, head, base, ...), so a process-level effect (where the
+allocator put things, what the neighbours did) lands on both sides."""
+CPU_TIME_REPEATS = 3
+"""Samples per process of the CPU-time benchmarks: 3 x 3 = 9 per commit. asv's two-sided
+Mann-Whitney test needs p < 0.002, which 6 samples a side can never reach (two samples sets
+apart from end to end give p = 0.0022) and 7 reach only without any overlap."""
+ACTION_SELECTIONS = 50
+"""Batched action selections per sample of ``InferenceCpuTime.time_50_action_selections``."""
+
+
+def process_cpu_seconds() -> float:
+    """This process's user + system CPU time (all its threads; not its children's): the clock of
+    the gated benchmarks. Other processes on the machine slow its wall time, not its CPU time."""
+    return time.process_time()
+
+
+def skip_unless_cpu(device: str) -> None:
+    """The CPU-time benchmarks run on the CPU device only: on a GPU the host's CPU time is not the
+    training time (the wall-time benchmarks cover cuda and mps)."""
+    skip_unless_available(device)
+    if device != "cpu":
+        raise NotImplementedError(f"{device}: the CPU-time benchmarks measure the cpu device only; "
+                                  "the wall-time benchmarks cover it")
+
+
+@functools.lru_cache(maxsize=None)
+def warmed_trainer(preset: str, variant: str, device: str):  # noqa: ANN201 - a trainer
+    """One trainer per (preset, variant, device) and process, built and trained past WARMUP_STEPS
+    env steps (and so past the DQN/IQN presets' ``learning_starts``): asv re-runs ``setup`` before
+    every sample, and a sample should time training, not construction or warm-up."""
+    trainer = build(preset, variant, device)
+    train_env_steps(trainer, WARMUP_STEPS)
+    return trainer
+
+
+def train_env_steps(trainer, env_steps: int) -> int:  # noqa: ANN001 - a trainer
+    """Whole training iterations until at least ``env_steps`` more env steps were taken; returns them."""
+    start = trainer.env_steps
+    while trainer.env_steps - start < env_steps:
+        trainer.iterate()
+    return trainer.env_steps - start
+CPU_TIME_STEPS = {"ppo-cartpole": 2048, "ppo-acrobot": 2048, "dqn-cartpole": 512, "iqn-cartpole": 512}
+"""Env steps per sample of ``TrainingCpuTime``, for the presets it gates: one PPO iteration
+(rollout and update); 32 sixteen-env steps of DQN / IQN, each with its update. A preset without
+an entry is skipped there, to keep ``asv continuous`` within a CI budget on two cores:
+``ppo-pendulum``'s update costs several times ``ppo-cartpole``'s and shares its code but for
+the action head, which ``InferenceCpuTime`` gates."""

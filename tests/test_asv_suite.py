@@ -18,9 +18,29 @@ import pytest
 from benchmarks import bench_inference, bench_memory, bench_replay, bench_throughput, common
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ASV_FACTOR = "1.3"  # the factor of the Makefile's asv-continuous and of .github/workflows/benchmarks.yml
-BENCHMARK_CLASSES = [bench_throughput.Throughput, bench_inference.InferenceLatency, bench_memory.HostMemory,
-                     bench_memory.DeviceMemory]
+BENCHMARK_CLASSES = [bench_throughput.Throughput, bench_throughput.TrainingCpuTime, bench_inference.InferenceLatency,
+                     bench_inference.InferenceCpuTime, bench_memory.HostMemory, bench_memory.DeviceMemory]
+
+
+@pytest.fixture(autouse=True)
+def _process_settings_restored():  # noqa: ANN202 - a fixture
+    """The benchmarks' setup applies a trainer's threads and precision to the whole process: put them back."""
+    from reference_trainers.runtime import device as dev
+
+    saved = dev.process_settings()
+    yield
+    dev.restore_process_settings(saved)
+
+
+def _make_variable(name: str) -> str:
+    """A ``NAME ?= value`` default of the Makefile."""
+    for line in (REPO_ROOT / "Makefile").read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"{name} ?= "):
+            return line.split("?=", 1)[1].strip()
+    raise AssertionError(f"the Makefile sets no {name}")
+
+
+ASV_FACTOR = _make_variable("ASV_FACTOR")  # the calibrated factor of make asv-continuous
 
 
 def _asv(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -118,7 +138,7 @@ def test_asv_check_finds_no_problem() -> None:
 
 PLANTED = '''
 
-# planted by tests/test_asv_suite.py: every training iteration takes twice as long
+# planted by tests/test_asv_suite.py: every training iteration takes twice the CPU time
 import time as _time
 
 _real_build_trainer = build_trainer
@@ -129,9 +149,11 @@ def build_trainer(resolution, probe=None):
     real_iterate = trainer.iterate
 
     def iterate():
-        start = _time.perf_counter()
+        start = _time.process_time()
         done = real_iterate()
-        _time.sleep(_time.perf_counter() - start)
+        end = 2 * _time.process_time() - start
+        while _time.process_time() < end:
+            pass
         return done
 
     trainer.iterate = iterate
@@ -158,12 +180,10 @@ def _copy_project(dest: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.serial  # two asv runs compared by absolute time: a parallel test on the other core skews one
 def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(tmp_path: Path) -> None:
-    """Three commits: base, an identical one, one whose trainer iterations take twice as long.
+    """Three commits: base, an identical one, one whose trainer iterations take twice the CPU time.
 
-    Only CartPole is measured (the copy's PRESETS is cut down) to keep the virtualenv builds
-    and runs to a few minutes, with 15 short repeats instead of 5 so that the best-of-N twin
-    holds while other tests load the machine (pytest -n auto); the benchmark and the factor
-    are the ones CI uses.
+    Only CartPole is measured (the copy's PRESETS is cut down) to keep the virtualenv builds and
+    runs to a few minutes; the benchmark, its rounds and the factor are the ones CI gates on.
     """
     if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
         pytest.skip("needs the project's git checkout")
@@ -175,10 +195,7 @@ def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(t
     text = common_py.read_text(encoding="utf-8")
     full = 'PRESETS = ["ppo-cartpole", "ppo-acrobot", "ppo-pendulum", "dqn-cartpole", "iqn-cartpole"]'
     assert full in text, "benchmarks/common.py's PRESETS line changed: update this test"
-    repeats = "THROUGHPUT_REPEATS = 5"
-    assert repeats in text, "benchmarks/common.py's THROUGHPUT_REPEATS line changed: update this test"
-    common_py.write_text(text.replace(full, 'PRESETS = ["ppo-cartpole"]').replace(repeats, "THROUGHPUT_REPEATS = 15"),
-                         encoding="utf-8")
+    common_py.write_text(text.replace(full, 'PRESETS = ["ppo-cartpole"]'), encoding="utf-8")
     _git("init", "-q", "-b", "main", cwd=repo)
     _git("add", "-A", cwd=repo)
     _git("commit", "-q", "-m", "base", cwd=repo)
@@ -190,7 +207,7 @@ def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(t
     env = {**os.environ, "HOME": str(home)}  # the asv machine file goes to this HOME, not the user's
     machine = _asv("machine", "--yes", cwd=repo, env=env, timeout=120)
     assert machine.returncode == 0, machine.stdout + machine.stderr
-    bench = ["-b", "track_seconds_per_1k_env_steps", "--factor", ASV_FACTOR]
+    bench = ["-b", "TrainingCpuTime", "--factor", ASV_FACTOR]
 
     slowed = _asv("continuous", *bench, "HEAD~1", "HEAD", cwd=repo, env=env)
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
@@ -299,3 +316,84 @@ def test_asv_quick_flow_then_publish_fills_the_site(tmp_path: Path) -> None:
     assert graphs, "asv publish drew no graph for the benchmark"
     points = json.loads(graphs[0].read_text(encoding="utf-8"))  # [[revision, [value per param set]], ...]
     assert any(value is not None for _revision, values in points for value in values)
+
+
+# --------------------------------------------------------------------------- the gated CPU-time benchmarks
+
+def test_cpu_time_benchmarks_time_process_cpu_seconds_over_interleaved_processes() -> None:
+    for cls in (bench_throughput.TrainingCpuTime, bench_inference.InferenceCpuTime):
+        assert cls.timer is common.process_cpu_seconds or cls.__dict__["timer"].__func__ is common.process_cpu_seconds
+        assert (cls.number, cls.repeat, cls.rounds, cls.warmup_time) == (1, common.CPU_TIME_REPEATS,
+                                                                          common.CPU_TIME_ROUNDS, 0.0)
+    # asv's two-sided Mann-Whitney test must be able to call two sample sets different (p < 0.002)
+    from asv._stats import is_different
+
+    n = common.CPU_TIME_REPEATS * common.CPU_TIME_ROUNDS
+    fast, slow = [1.0 + i / 100 for i in range(n)], [1.3 + i / 100 for i in range(n)]
+    assert is_different(fast, slow, None, None)
+    overlapping = sorted(fast)[:-1] + [1.305]  # one sample of the faster side among the slower ones
+    assert is_different(overlapping, slow, None, None)
+
+
+def test_process_cpu_seconds_counts_work_not_waiting() -> None:
+    import time
+
+    start = common.process_cpu_seconds()
+    time.sleep(0.2)
+    assert common.process_cpu_seconds() - start < 0.05  # sleeping costs no CPU time
+    start, give_up = common.process_cpu_seconds(), time.perf_counter() + 60
+    while common.process_cpu_seconds() - start < 0.1:  # busy work does (however loaded the machine)
+        assert time.perf_counter() < give_up, "a busy loop added no CPU time in 60 s"
+
+
+@pytest.mark.parametrize("cls", [bench_throughput.TrainingCpuTime, bench_inference.InferenceCpuTime],
+                         ids=lambda c: c.__name__)
+def test_cpu_time_benchmarks_skip_every_device_but_the_cpu(cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "available", lambda device: True)  # even where a GPU is present
+    for device in ("cuda", "mps"):
+        with pytest.raises(NotImplementedError, match="cpu device only"):
+            cls().setup("ppo-cartpole", "optimized", device)
+
+
+def test_training_cpu_time_trains_its_step_budget_after_warm_up_on_one_trainer_per_process() -> None:
+    common.warmed_trainer.cache_clear()
+    bench = bench_throughput.TrainingCpuTime()
+    bench.setup("ppo-cartpole", "optimized", "cpu")
+    trainer = bench.trainer
+    assert trainer.env_steps >= common.WARMUP_STEPS
+    before = trainer.env_steps
+    bench.time_train_env_steps("ppo-cartpole", "optimized", "cpu")
+    assert trainer.env_steps - before >= common.CPU_TIME_STEPS["ppo-cartpole"]
+    again = bench_throughput.TrainingCpuTime()
+    again.setup("ppo-cartpole", "optimized", "cpu")  # asv re-runs setup before every sample
+    assert again.trainer is trainer
+
+
+def test_training_cpu_time_skips_a_preset_outside_its_gated_set() -> None:
+    assert set(common.CPU_TIME_STEPS) < set(common.PRESETS)
+    outside = next(p for p in common.PRESETS if p not in common.CPU_TIME_STEPS)
+    with pytest.raises(NotImplementedError, match="not in the gated training set"):
+        bench_throughput.TrainingCpuTime().setup(outside, "baseline", "cpu")
+
+
+def test_inference_cpu_time_selects_actions_a_fixed_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = bench_inference.InferenceCpuTime()
+    bench.setup("dqn-cartpole", "optimized", "cpu")
+    calls = []
+    real = bench.trainer.select_actions
+    monkeypatch.setattr(bench.trainer, "select_actions", lambda obs: calls.append(obs.shape) or real(obs))
+    bench.time_50_action_selections("dqn-cartpole", "optimized", "cpu")
+    assert calls == [bench.obs.shape] * common.ACTION_SELECTIONS == [(16, 4)] * 50
+
+
+def test_the_makefile_gates_the_cpu_time_benchmarks_and_reports_the_wall_time_ones() -> None:
+    import re
+
+    gated, reported = re.compile(_make_variable("ASV_GATED")), re.compile(_make_variable("ASV_REPORTED"))
+    assert gated.search("bench_throughput.TrainingCpuTime.time_train_env_steps")
+    assert gated.search("bench_inference.InferenceCpuTime.time_50_action_selections")
+    assert gated.search("bench_memory.HostMemory.peakmem_short_training")
+    for wall in ("bench_throughput.Throughput.track_seconds_per_1k_env_steps",
+                 "bench_inference.InferenceLatency.time_select_actions", "bench_replay.Replay.time_sample_minibatch"):
+        assert not gated.search(wall) and reported.search(wall)
+    assert float(ASV_FACTOR) > 1.0

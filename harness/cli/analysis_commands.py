@@ -1,4 +1,5 @@
-"""The analysis commands: ``ablate``, ``sweep``, ``diagnose``, ``matrix``, ``learn`` (parsers and ``cmd_*``).
+"""The analysis commands: ``ablate``, ``sweep``, ``diagnose``, ``matrix``, ``calibrate``, ``asv-calibrate``,
+``learn`` (parsers and ``cmd_*``).
 
 Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagnose.py``,
 ``matrix.py``, ``learn.py``); all take the run options and turn bad input into ``UserError`` (exit 2).
@@ -92,6 +93,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     calibrate.set_defaults(repeats=None)  # rounds come from --trials and --repeats-grid
     calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: calibrate-PRESET/)")
     calibrate.add_argument("--quiet", action="store_true", help="no progress bar or time estimate")
+
+    asv_calibrate = sub.add_parser(
+        "asv-calibrate", help="the A/A spread of the gated asv suite on this machine; recommends asv's --factor",
+        description="Run asv continuous --runs times between a commit and a twin with the same tree (made with git "
+                    "commit-tree; no branch or file changes), apply asv's own rule to every benchmark, and recommend "
+                    "the factor for make asv-continuous (ASV_FACTOR) with the false alarms at --factor.")
+    asv_calibrate.add_argument("--runs", type=int, default=5, help="A/A runs of asv continuous (default: 5)")
+    asv_calibrate.add_argument("--base", default="HEAD", metavar="REF", help="the commit measured (default: HEAD)")
+    asv_calibrate.add_argument("--bench", default=None, metavar="REGEX",
+                               help="asv's -b: the benchmarks (default: the gated set of make asv-continuous)")
+    asv_calibrate.add_argument("--factor", type=float, default=None,
+                               help="the factor whose false alarms are counted (default: make asv-continuous's)")
+    asv_calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: asv-calibration/)")
+    asv_calibrate.add_argument("--quiet", action="store_true", help="no line per run")
 
     learn = sub.add_parser("learn", help="learning curves of both variants (and a peer) over seeds, with a verdict",
                            description="Train a preset's baseline and optimized variants (and a peer library with "
@@ -263,6 +278,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def cmd_asv_calibrate(args: argparse.Namespace) -> int:
+    from harness.analyses import asv_calibrate
+
+    args.bench = asv_calibrate.GATED if args.bench is None else args.bench
+    args.factor = asv_calibrate.FACTOR if args.factor is None else args.factor
+    return asv_calibrate.run_command(args)
+
+
 def cmd_learn(args: argparse.Namespace) -> int:
     from harness.analyses import learn
     from harness.measurement.interrupts import stop_on_signals
@@ -329,4 +352,4 @@ def _status_code(runs: list) -> int:
 
 
 COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix,
-            "calibrate": cmd_calibrate, "learn": cmd_learn}
+            "calibrate": cmd_calibrate, "asv-calibrate": cmd_asv_calibrate, "learn": cmd_learn}
