@@ -1,13 +1,13 @@
 """Diagnose a trainer (a preset's variant or a user's own): where its time goes and the lines that cost it.
 
 One code path for both kinds of arm. The trainer is built as ``rlgauge run`` builds it and
-driven through ``iterate()`` in four passes, none of them a timed figure of ``run``/``gate``:
+driven through ``iterate()`` in three passes, none of them a timed figure of ``run``/``gate``:
 
 1. warm-up (``run.warmup_steps``, at least one call), untimed;
-2. plain: ``run.steps`` env steps with no hooks, timed (the overhead's reference);
-3. hooked: the same steps with the phase hooks on (``harness.diagnosis.phases``) and the
-   probe on, for the split found without instrumentation beside the probe's;
-4. audit: one call under the host-sync, float64 and kernel-counting modes (slow; counts only).
+2. plain and hooked, call by call in turn: ``run.steps`` env steps with no hooks (the
+   overhead's reference) and ``run.steps`` with the phase hooks (``harness.diagnosis.phases``)
+   and the probe on, for the split found without instrumentation beside the probe's;
+3. audit: one call under the host-sync, float64 and kernel-counting modes (slow; counts only).
 
 A trainer that raises in a pass stops the diagnosis there: what was found up to then is
 reported with the error (``DiagnosisFailed``).
@@ -85,17 +85,35 @@ def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None) -> bool
         done = trainer.iterate()
     except StopIteration:
         return False
+    finally:
+        if clock is not None:
+            clock.end_window()
     into.seconds += time.perf_counter() - start
     into.env_steps += done.env_steps
     into.calls += 1
     return True
 
 
-def _run_pass(trainer: Any, into: _Pass, steps: int, state: _State, clock: PhaseClock | None = None) -> None:
+def _run_pass(trainer: Any, into: _Pass, steps: int, state: _State) -> None:
     while into.env_steps < steps or into.calls == 0:
-        if not _iterate(trainer, into, clock):
+        if not _iterate(trainer, into):
             state.ran_out = True
             return
+
+
+def _plain_and_hooked(trainer: Any, steps: int, state: _State) -> None:
+    """``steps`` env steps without hooks and ``steps`` with them, call by call in turn (a busy
+    machine slows both alike, so their ratio is the hooks' overhead)."""
+    while (state.plain.env_steps < steps or state.hooked.env_steps < steps) and not state.ran_out:
+        if state.plain.env_steps <= state.hooked.env_steps:
+            state.ran_out = not _iterate(trainer, state.plain)
+            continue
+        with hooks(state.clock, state.counters):
+            state.clock.enabled = state.probe.enabled = True
+            try:
+                state.ran_out = not _iterate(trainer, state.hooked, state.clock)
+            finally:
+                state.clock.enabled = state.probe.enabled = False
 
 
 def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> None:
@@ -105,17 +123,9 @@ def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> 
     _run_pass(trainer, warm, run.warmup_steps, state)
     if state.ran_out:
         return
-    _run_pass(trainer, state.plain, run.steps, state)
-    if state.ran_out:
-        return
     state.compile_before = compile_counters()
     state.threads = torch.get_num_threads()
-    with hooks(state.clock, state.counters):
-        state.clock.enabled = state.probe.enabled = True
-        try:
-            _run_pass(trainer, state.hooked, run.steps, state, state.clock)
-        finally:
-            state.clock.enabled = state.probe.enabled = False
+    _plain_and_hooked(trainer, run.steps, state)
     state.compile_after = compile_counters()
     if state.ran_out and not state.hooked.calls:
         return
@@ -140,7 +150,9 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
     own = isinstance(spec.config, OwnConfig)
     hooked, audit, counters = state.hooked, state.audit, state.counters
     steps = max(1, hooked.env_steps)
-    phases = _percent({name: max(0.0, state.clock.seconds[name]) for name in HOOKED_PHASES}, hooked.seconds)
+    seconds = {name: max(0.0, state.clock.seconds[name]) for name in HOOKED_PHASES}
+    seconds["update"] += state.clock.burst_seconds()
+    phases = _percent(seconds, hooked.seconds)
     probe_seconds = state.probe.totals()
     reported = any(probe_seconds.get(name, 0.0) > 0 for name in PHASES)
     probe = _percent({name: probe_seconds.get(name, 0.0) for name in PHASES}, hooked.seconds) if reported else None
@@ -194,7 +206,7 @@ def _flag_advice(resolution: Any, d: dict[str, Any], rate: float | None) -> list
 
 
 def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
-    """Build the variant's trainer, run the four passes, return the diagnosis as plain data.
+    """Build the variant's trainer, run the passes, return the diagnosis as plain data.
 
     Raises ``DiagnosisFailed`` (with the partial diagnosis) when the trainer raises, and
     ``UserError`` when a user's trainer breaks the contract (exit 2)."""

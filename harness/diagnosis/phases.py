@@ -3,13 +3,19 @@
 - ``env``: gymnasium ``Env.step``/``reset`` and ``VectorEnv.step``/``reset`` (every subclass
   loaded, so a backend that wraps them is one env call);
 - ``inference``: a module forward that builds no autograd graph (under ``no_grad`` or
-  ``inference_mode``, or with no parameter or input requiring grad);
+  ``inference_mode``, or with no parameter or input requiring grad), and the work from it to
+  the env step that takes its actions (sampling, the host copy of the actions);
 - ``update``: a forward that builds a graph, ``backward``, ``clip_grad_norm_``, optimizer
   ``step``/``zero_grad``; and the work since the last env step or update call that leads into it
   (sampling a replay, advantages, target networks): work between an env step and an update
   belongs to that update;
 - ``transfer``: a tensor made from NumPy data, and copies across devices (``to``, ``cpu``, ``cuda``);
 - ``other``: the rest of ``iterate()`` (bookkeeping, logging, Python).
+
+Work no hook sees (a NumPy learner, say) is attributed by its rhythm: the unhooked time
+between two env steps is the loop's per-step work; a gap whose unhooked time exceeds
+``BURST_FACTOR`` times the median gap is a burst that runs on some steps only, the learner's:
+its excess over the median counts as ``update``.
 
 The outermost phase wins: a forward inside an env step is env time, a backward inside a
 forward is the forward's (no double counting). The same hooks count outermost forwards, by
@@ -30,6 +36,7 @@ from torch.optim import optimizer as optim_module
 
 HOOKED_PHASES: tuple[str, ...] = ("env", "inference", "update", "transfer")
 SHOWN_PHASES: tuple[str, ...] = HOOKED_PHASES + ("other",)
+BURST_FACTOR = 3.0
 
 
 class PhaseClock:
@@ -43,6 +50,12 @@ class PhaseClock:
         self._anchor: float | None = None
         self._since_anchor: dict[str, float] = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.host_tensors_since_anchor = 0
+        self._gap_started: float | None = None
+        self._hooked_in_gap = 0.0
+        self.gaps: list[float] = []
+        """Unhooked seconds between consecutive env steps (and before the first, after the last, of a call)."""
+        self._acting_from: float | None = None
+        self._hooked_since_acting = 0.0
         self.update_host_tensors = 0
         """Tensors made from NumPy data inside an update or on the way into one (sampling a replay)."""
 
@@ -55,8 +68,12 @@ class PhaseClock:
             return
         if not self._stack:
             now = time.perf_counter()
+            if phase in ("env", "inference"):
+                self._close_acting(now)
             if phase == "update" and self._anchor is not None:
                 self._lead_in(now)
+            elif phase == "env":
+                self._close_gap(now)
             self._started = now
         self._stack.append(phase)
 
@@ -68,6 +85,15 @@ class PhaseClock:
             return
         now = time.perf_counter()
         self.seconds[phase] += now - self._started
+        if phase == "env":
+            self._gap_started, self._hooked_in_gap = now, 0.0
+        else:
+            self._hooked_in_gap += now - self._started
+            self._hooked_since_acting += now - self._started
+        if phase == "inference":
+            self._acting_from, self._hooked_since_acting = now, 0.0
+        elif phase == "update":
+            self._acting_from = None
         if phase in ("env", "update"):
             self._anchor = now
             self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
@@ -81,12 +107,41 @@ class PhaseClock:
         moved = now - self._anchor - self._since_anchor["transfer"]
         self.seconds["inference"] -= self._since_anchor["inference"]
         self.seconds["update"] += moved
+        self._hooked_in_gap += moved - self._since_anchor["inference"]
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.update_host_tensors += self.host_tensors_since_anchor
         self.host_tensors_since_anchor = 0
 
+    def _close_acting(self, now: float) -> None:
+        """The unhooked time from the last inference forward to now (an env step or the next forward) is acting."""
+        if self._acting_from is None:
+            return
+        tail = max(0.0, now - self._acting_from - self._hooked_since_acting)
+        self.seconds["inference"] += tail
+        self._since_anchor["inference"] += tail
+        self._hooked_in_gap += tail
+        self._acting_from = None
+
+    def _close_gap(self, now: float) -> None:
+        if self._gap_started is not None:
+            self.gaps.append(max(0.0, now - self._gap_started - self._hooked_in_gap))
+        self._gap_started, self._hooked_in_gap = None, 0.0
+
+    def end_window(self) -> None:
+        """The end of an ``iterate()`` call: the time since its last env step is a gap too."""
+        self._close_gap(time.perf_counter())
+
+    def burst_seconds(self) -> float:
+        """Unhooked time in bursts: each gap's excess over the median gap, where it exceeds ``BURST_FACTOR`` x it."""
+        if len(self.gaps) < 3:
+            return 0.0
+        median = sorted(self.gaps)[len(self.gaps) // 2]
+        return sum(gap - median for gap in self.gaps if gap > BURST_FACTOR * median)
+
     def start_window(self) -> None:
         """A new ``iterate()`` call: no lead-in reaches back before it."""
+        self._gap_started, self._hooked_in_gap = time.perf_counter(), 0.0
+        self._acting_from = None
         self._anchor = time.perf_counter()
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.host_tensors_since_anchor = 0
