@@ -24,6 +24,7 @@ import torch
 from reference_trainers import build_trainer
 from reference_trainers.config.errors import ConfigError
 from reference_trainers.config.schema import to_plain_dict
+from reference_trainers.runtime import device as dev
 from reference_trainers.runtime.probe import PHASES
 
 from harness.diagnosis import flag_advice
@@ -38,7 +39,8 @@ from harness.diagnosis.phases import HOOKED_PHASES, LoopCounters, PhaseClock, ho
 from harness.diagnosis.recommendations import recommend
 from harness.errors import UserError
 from harness.measurement import metrics
-from harness.specs.own_trainer import OwnConfig
+from harness.measurement.machine_state import Snapshot, free_cores
+from harness.specs.own_trainer import OwnConfig, TrainerExhausted
 from harness.specs.presets import VariantSpec
 
 
@@ -83,7 +85,7 @@ def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None) -> bool
     start = time.perf_counter()
     try:
         done = trainer.iterate()
-    except StopIteration:
+    except (StopIteration, TrainerExhausted):
         return False
     finally:
         if clock is not None:
@@ -168,6 +170,7 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
         "host_syncs": per_env_step(state.syncs.sites, audit.env_steps) if state.syncs else [],
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
+        "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),
         "loop": {
             "update_forwards_per_env_step": counters.forwards["update"] / steps,
             "optimizer_steps_per_env_step": counters.optimizer_steps / steps,
@@ -205,6 +208,16 @@ def _flag_advice(resolution: Any, d: dict[str, Any], rate: float | None) -> list
     return flag_advice.advise(facts)
 
 
+def _fair_threads(resolution: Any) -> None:
+    """As ``rlgauge run`` does (``run.fair_threads``): torch's default thread count capped at the cores
+    other processes leave free, so a busy machine does not make every op wait for a busy core."""
+    config = resolution.config
+    threads = getattr(getattr(config, "optimizations", None), "torch_threads", None)
+    cap = free_cores(Snapshot.take().busy_cores_before)
+    if threads is None and config.run.fair_threads and cap < dev.DEFAULT_THREADS:
+        dev.cap_default_threads(cap)
+
+
 def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
     """Build the variant's trainer, run the passes, return the diagnosis as plain data.
 
@@ -212,6 +225,8 @@ def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
     ``UserError`` when a user's trainer breaks the contract (exit 2)."""
     state = _State()
     trainer = None
+    saved = dev.process_settings()
+    _fair_threads(resolution)
     try:
         trainer = (spec.build or build_trainer)(resolution, probe=state.probe)
         _passes(trainer, spec, resolution, state)
@@ -226,6 +241,8 @@ def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
     finally:
         if trainer is not None:
             trainer.close()
+        dev.restore_process_settings(saved)
+        dev.cap_default_threads(None)
     if not state.hooked.calls:
         raise UserError(f"diagnose {target}: the trainer ran out of iterations before the diagnosed ones "
                         f"(after {state.plain.env_steps:,} env steps); accepted: a trainer that iterates for "

@@ -170,6 +170,8 @@ class LoopCounters:
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.optimizer_steps = 0
         self.env_classes: Counter[str] = Counter()
+        self.inference_rows = 0
+        """Rows (first dimension of the first tensor input) of the outermost inference forwards."""
         self.depth = 0
 
 
@@ -179,6 +181,11 @@ def _builds_graph(module: torch.nn.Module, inputs: tuple) -> bool:
     if any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
         return True
     return any(p.requires_grad for p in module.parameters())
+
+
+def _rows(inputs: tuple) -> int:
+    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    return 1 if first is None or first.dim() == 0 else int(first.shape[0])
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
@@ -301,6 +308,8 @@ def hooks(clock: PhaseClock, counters: LoopCounters) -> Iterator[None]:
             kind = "update" if _builds_graph(module, inputs) else "inference"
             if clock.enabled:
                 counters.forwards[kind] += 1
+                if kind == "inference":
+                    counters.inference_rows += _rows(inputs)
             clock.enter(kind)
         else:
             clock.enter("inference")  # nested: the outer phase already runs, this one is not counted

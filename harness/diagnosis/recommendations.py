@@ -88,10 +88,11 @@ def _syncs(d: dict[str, Any], kinds: tuple[str, ...]) -> tuple[float, str]:
 
 
 def _per_env_forward(d: dict[str, Any]) -> str | None:
-    per = d["forwards_per_env_step"]
-    if per < 0.5:
+    per, rows = d["forwards_per_env_step"], d["rows_per_inference_forward"]
+    if per < 0.5 or rows >= 1.5:  # forwards of a whole batch (a policy and a critic, say) are batched inference
         return None
-    return f"{per:.2f} inference forwards per env step: a forward per env, not one per vector step"
+    return (f"{per:.2f} inference forwards per env step of {rows:.1f} rows each: a forward per env, not one per "
+            "vector step")
 
 
 def _item_syncs(d: dict[str, Any]) -> str | None:

@@ -33,7 +33,8 @@ def report_lines(d: dict[str, Any]) -> list[str]:
     opts = ", ".join(f"{o['class']} ({o['impl']})" for o in loop["optimizers"]) or "none stepped"
     lines += [
         f"loop shape: {d['forwards_per_env_step']:.3f} inference forwards and "
-        f"{loop['update_forwards_per_env_step']:.3f} update forwards per env step (outermost modules); "
+        f"{loop['update_forwards_per_env_step']:.3f} update forwards per env step (outermost modules; "
+        f"{d['rows_per_inference_forward']:.1f} rows per inference forward); "
         f"{loop['kernels_per_env_step']:.1f} kernels per env step; optimizer: {opts}; torch threads: "
         f"{loop['torch_threads']}; envs: {', '.join(loop['env_classes']) or 'none seen'}",
         f"compile: {loop['frames_compiled']} frames compiled, {loop['graph_breaks']} graph breaks and "

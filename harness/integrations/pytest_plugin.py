@@ -80,7 +80,7 @@ class RlgaugeGate:
         """The optimized variant is at least ``min_speedup`` x the baseline, both interleaved in this
         process (``rlgauge gate --run``)."""
         argv = ["gate", "--run", self.target(target, trainer=trainer, config=config), "--min-speedup", min_speedup,
-                *_run_options(steps, repeats, sets, allow_untrustworthy)]
+                "--quiet", *_run_options(steps, repeats, sets, allow_untrustworthy)]
         return _judge(self.command(*argv), "gate --run")
 
     def assert_no_regression(self, target: str | Path | None = None, *, baseline: str | Path,

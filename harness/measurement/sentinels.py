@@ -80,6 +80,21 @@ class Float64Sentinel(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
+def instability(stability: dict[str, Any]) -> str:
+    """One line: what made a run unstable and where (the first float64 op's ``file:line``)."""
+    parts = []
+    if stability.get("float64_ops"):
+        site = stability.get("float64_first_site")
+        parts.append(f"float64_ops={stability['float64_ops']}" + (f", first: {site}" if site else ""))
+    if stability.get("nonfinite_events"):
+        site = stability.get("nonfinite_first_site")
+        parts.append(f"nonfinite_events={stability['nonfinite_events']}" + (f", first: {site}" if site else ""))
+    if stability.get("sentinel_skipped"):
+        parts.append(stability["sentinel_skipped"])
+    return "; ".join(parts) or f"float64_ops={stability.get('float64_ops')} nonfinite_events=" \
+        f"{stability.get('nonfinite_events')}"
+
+
 _SYNC_METHODS_ANY = ("item", "tolist", "__float__", "__int__", "__bool__")
 
 
