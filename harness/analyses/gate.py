@@ -207,7 +207,8 @@ def throughput_checks(pair: Pair, th: Thresholds) -> list[Check]:
         name, threshold = f"{key} candidate/baseline", f">= {bar:.3f}x (-{th.max_slowdown_pct:g} %)"
         if unstable and ratio is not None:  # a rate of a run that computed the wrong thing is no verdict's base
             checks.append(Check(name, pair.label, _interval(ratio), threshold, False,
-                                f"not judged: the {' and '.join(unstable)} run is unstable"))
+                                f"not judged: the {' and '.join(unstable)} "
+                                f"{'runs are' if len(unstable) > 1 else 'run is'} unstable"))
             continue
         if ratio is None:
             missing = pair.base if not (pair.base.metrics.get(key) or {}).get("samples") else pair.cand

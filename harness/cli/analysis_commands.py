@@ -7,6 +7,7 @@ Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -221,7 +222,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if text:
         print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
     try:
-        result = diagnose.diagnose(spec, resolution, target)
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's own prints stay out of the report (and --json)
+            result = diagnose.diagnose(spec, resolution, target)
     except diagnose.DiagnosisFailed as failed:
         if failed.partial:
             _print_diagnosis(args, env_report, failed.partial, report_lines)

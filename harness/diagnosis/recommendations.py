@@ -233,7 +233,16 @@ def recommend(d: dict[str, Any], target: str, figures: list[Figure] | None = Non
 
 
 def _flag_variant(flag: str | None) -> str:
-    return "both" if flag is None else f"baseline --set {_dotted(flag)}=<optimised value> (or --variant both)"
+    """``--variant both``, or the baseline with the flag at its optimised value (the flag registry's)."""
+    from reference_trainers.config.flags import REGISTRY
+
+    entry = REGISTRY.get(_dotted(flag)) if flag is not None else None
+    if entry is None:
+        return "both"
+    values = list(entry.optimised)
+    value = next((v for v in ("fused", "native") if v in values), values[0] if values else None)
+    shown = str(value).lower() if isinstance(value, bool) else value
+    return f"baseline --set {_dotted(flag)}={shown} (or --variant both)"
 
 
 def _dotted(flag: str) -> str:
