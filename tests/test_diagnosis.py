@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -97,7 +96,8 @@ def test_outermost_phase_wins_and_hooks_are_removed_after() -> None:
     assert clock.seconds["inference"] > 0 and clock.seconds["update"] > 0
     before = dict(clock.seconds)
     outer(torch.ones(1, 2))
-    assert clock.seconds == before and "backward" not in vars(torch.Tensor).get("backward").__dict__.get("__wrapped__", {})
+    assert clock.seconds == before  # the global hooks are gone
+    assert not hasattr(torch.Tensor.backward, "__wrapped__") and not hasattr(torch.autograd.backward, "__wrapped__")
 
 
 def test_a_trainer_that_raises_is_one_line_with_what_was_found(
@@ -137,4 +137,33 @@ def test_diagnose_bad_trainer_exits_2_with_one_line(planted: Path, capsys: pytes
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
-_ = sys
+
+def test_host_syncs_are_counted_by_kind_at_the_users_line() -> None:
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import BRANCH, DATA_SHAPE, HOST_COPY, ITEM, HostSyncFinder
+
+    t = torch.arange(4.0)
+    finder = HostSyncFinder(torch.device("cpu"), SiteFinder())
+    with finder:
+        t.sum().item()
+        t.numpy()
+        if t.sum() > 0:
+            t[t > 1].nonzero()
+    kinds = {kind for kind, where in finder.sites if where.startswith(__file__ + ":")}
+    assert kinds == {ITEM, HOST_COPY, BRANCH, DATA_SHAPE}
+    assert t.cpu() is t and not [k for k, _ in finder.sites if k == '.to("cpu")']  # free on the CPU: not counted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's sync debug mode needs a CUDA device")
+def test_cuda_sync_debug_mode_reports_syncs_at_the_users_line() -> None:
+    from collections import Counter
+
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import CUDA_SYNC, cuda_sync_warnings
+
+    sites: Counter = Counter()
+    before = torch.cuda.get_sync_debug_mode()
+    with cuda_sync_warnings(torch.device("cuda"), SiteFinder(), sites):
+        torch.ones(3, device="cuda").sum().item()
+    assert [where for kind, where in sites if kind == CUDA_SYNC][0].startswith(__file__ + ":")
+    assert torch.cuda.get_sync_debug_mode() == before
