@@ -50,7 +50,11 @@ def test_planted_problems_are_found_at_their_lines_with_their_recommendations(
     assert d["float64"][0]["where"].endswith(f"planted_trainer.py:{float64_line}")
     assert d["float64"][0]["op"] == "lift_fresh"
     assert d["forwards_per_env_step"] == pytest.approx(1.0)
+    forward_line = planted_line("logits = torch.cat([self.policy(obs[i:i + 1])")
+    assert d["inference_forward_sites"][0].endswith(f"planted_trainer.py:{forward_line}")
     rules = {r["rule"] for r in d["recommendations"]}
+    per_env = next(r for r in d["recommendations"] if r["rule"] == "per_env_inference")
+    assert f"planted_trainer.py:{forward_line}" in per_env["evidence"]
     assert {"per_env_inference", "item_per_step", "float64"} <= rules
     for rec in d["recommendations"]:
         assert rec["change"] and rec["why"] and rec["evidence"] and rec["check"] and rec["effect"]

@@ -76,6 +76,7 @@ class _State:
     compile_after: dict[str, int] = field(default_factory=dict)
     threads: int = 0
     ran_out: bool = False
+    finder: SiteFinder | None = None
 
 
 def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None) -> bool:
@@ -110,7 +111,7 @@ def _plain_and_hooked(trainer: Any, steps: int, state: _State) -> None:
         if state.plain.env_steps <= state.hooked.env_steps:
             state.ran_out = not _iterate(trainer, state.plain)
             continue
-        with hooks(state.clock, state.counters):
+        with hooks(state.clock, state.counters, state.finder):
             state.clock.enabled = state.probe.enabled = True
             try:
                 state.ran_out = not _iterate(trainer, state.hooked, state.clock)
@@ -127,12 +128,13 @@ def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> 
         return
     state.compile_before = compile_counters()
     state.threads = torch.get_num_threads()
+    own_is_rlgauge = not isinstance(spec.config, OwnConfig)
+    state.finder = SiteFinder(own_is_rlgauge)
     _plain_and_hooked(trainer, run.steps, state)
     state.compile_after = compile_counters()
     if state.ran_out and not state.hooked.calls:
         return
-    own_is_rlgauge = not isinstance(spec.config, OwnConfig)
-    finder = SiteFinder(own_is_rlgauge)
+    finder = state.finder
     state.syncs = HostSyncFinder(resolution.device, finder)
     state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
     # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
@@ -171,6 +173,7 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
         "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),
+        "inference_forward_sites": [where for where, _ in counters.inference_sites.most_common(3)],
         "loop": {
             "update_forwards_per_env_step": counters.forwards["update"] / steps,
             "optimizer_steps_per_env_step": counters.optimizer_steps / steps,

@@ -37,6 +37,7 @@ from torch.optim import optimizer as optim_module
 HOOKED_PHASES: tuple[str, ...] = ("env", "inference", "update", "transfer")
 SHOWN_PHASES: tuple[str, ...] = HOOKED_PHASES + ("other",)
 BURST_FACTOR = 3.0
+SITE_SAMPLES = 256
 
 
 class PhaseClock:
@@ -170,6 +171,8 @@ class LoopCounters:
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.optimizer_steps = 0
         self.env_classes: Counter[str] = Counter()
+        self.inference_sites: Counter[str] = Counter()
+        """Where the first ``SITE_SAMPLES`` outermost inference forwards were called from (``file:line``)."""
         self.inference_rows = 0
         """Rows (first dimension of the first tensor input) of the outermost inference forwards."""
         self.depth = 0
@@ -299,8 +302,9 @@ def _from_host(clock: PhaseClock, original: Callable[..., Any]) -> Callable[...,
 
 
 @contextlib.contextmanager
-def hooks(clock: PhaseClock, counters: LoopCounters) -> Iterator[None]:
-    """Install every hook and wrapper; remove them all on leaving, whatever happens."""
+def hooks(clock: PhaseClock, counters: LoopCounters, finder: Any = None) -> Iterator[None]:
+    """Install every hook and wrapper; remove them all on leaving, whatever happens. ``finder``
+    (a ``frames.SiteFinder``) notes where inference forwards are called from."""
     patches = Patches()
 
     def forward_pre(module: torch.nn.Module, inputs: tuple) -> None:
@@ -310,6 +314,8 @@ def hooks(clock: PhaseClock, counters: LoopCounters) -> Iterator[None]:
                 counters.forwards[kind] += 1
                 if kind == "inference":
                     counters.inference_rows += _rows(inputs)
+                    if finder is not None and counters.forwards["inference"] <= SITE_SAMPLES:
+                        counters.inference_sites[finder.where(2)] += 1
             clock.enter(kind)
         else:
             clock.enter("inference")  # nested: the outer phase already runs, this one is not counted

@@ -91,8 +91,9 @@ def _per_env_forward(d: dict[str, Any]) -> str | None:
     per, rows = d["forwards_per_env_step"], d["rows_per_inference_forward"]
     if per < 0.5 or rows >= 1.5:  # forwards of a whole batch (a policy and a critic, say) are batched inference
         return None
-    return (f"{per:.2f} inference forwards per env step of {rows:.1f} rows each: a forward per env, not one per "
-            "vector step")
+    sites = ", ".join(short(where) for where in d.get("inference_forward_sites", []))
+    return (f"{per:.2f} inference forwards per env step of {rows:.1f} rows each" + (f" at {sites}" if sites else "")
+            + ": a forward per env, not one per vector step")
 
 
 def _item_syncs(d: dict[str, Any]) -> str | None:
