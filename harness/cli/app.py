@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Captured:
+    """Where a ``--quiet`` run's trainer stdout went, and how many lines it holds."""
+
     def __init__(self, path: Path | None) -> None:
         self.path, self.lines = path, 0
 
@@ -162,7 +164,7 @@ def _trainer_stdout(args: argparse.Namespace | None) -> Iterator[_Captured]:
             yield captured
         finally:
             handle.flush()
-            captured.lines = handle.tell() and sum(1 for _ in open(captured.path, encoding="utf-8"))
+    captured.lines = len(captured.path.read_text(encoding="utf-8").splitlines())
     if not captured.lines:
         captured.path.unlink(missing_ok=True)
 
