@@ -43,6 +43,8 @@ class RunResult:
     """Load, other processes' CPU share and threads around the run (``{}`` in older files)."""
     quality: dict[str, Any] | None = None
     """``{"trustworthy": bool, "reasons": [str]}`` (None in older files)."""
+    trainer_stdout: str | None = None
+    """The file a ``--quiet`` run captured the trainer's own stdout to (None: nothing printed, or not quiet)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

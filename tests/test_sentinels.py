@@ -62,13 +62,36 @@ def test_float64_sentinel_counts_zero_for_float32_work() -> None:
     assert not sentinel.ops
 
 
-def test_float64_sentinel_sees_the_float64_tensor_behind_as_tensor_of_a_float64_array() -> None:
-    """``torch.as_tensor(float64_array, dtype=float32)`` first wraps the array as a float64 tensor."""
+@pytest.mark.parametrize("convert", [
+    lambda a: torch.as_tensor(a, dtype=torch.float32),
+    lambda a: torch.tensor(a, dtype=torch.float32),
+    lambda a: torch.from_numpy(a).float(),
+])
+def test_numpy_float64_converted_to_float32_at_creation_is_not_float64_work(convert) -> None:
+    """The host-side conversion of NumPy input into a float32 tensor runs no float64 on the device."""
     sentinel = Float64Sentinel()
     with sentinel:
-        narrow = torch.as_tensor(np.zeros(3, dtype=np.float64), dtype=torch.float32)
+        narrow = convert(np.zeros(3, dtype=np.float64))
+        narrow * 2
     assert narrow.dtype == torch.float32
-    assert sentinel.count >= 1
+    assert sentinel.count == 0 and sentinel.first_site is None
+
+
+@pytest.mark.parametrize("make, ops", [
+    (lambda r: torch.tensor(r), {"aten.lift_fresh.default", "aten._to_copy.default"}),  # float64 rewards, kept
+    (lambda r: torch.as_tensor(r), {"aten.lift_fresh.default"}),
+    (lambda r: torch.ones(3) * torch.as_tensor(r), {"aten.lift_fresh.default", "aten.mul.Tensor"}),
+    (lambda r: torch.tensor(r).float(), {"aten.lift_fresh.default", "aten._to_copy.default"}),
+])
+def test_a_float64_tensor_created_or_computed_is_counted_at_its_line(make, ops) -> None:
+    """What breaks MPS stays caught: a float64 tensor kept from NumPy data, or float64 maths."""
+    rewards = np.ones(3, dtype=np.float64)  # gymnasium's rewards
+    sentinel = Float64Sentinel()
+    with sentinel:
+        make(rewards)
+    assert set(sentinel.ops) == ops
+    assert sentinel.first_site is not None and sentinel.first_site.startswith("aten.lift_fresh.default at ")
+    assert all(where.startswith(__file__ + ":") for _, where in sentinel.sites)  # the user's line, not torch's
 
 
 def test_float64_sentinel_stops_counting_after_its_context() -> None:

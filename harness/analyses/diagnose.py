@@ -1,253 +1,253 @@
-"""Diagnose: where a short profiled run spends its time, how close it is to the env-only ceiling,
-and what to try next (a small table of rules over those measurements).
+"""Diagnose a trainer (a preset's variant or a user's own): where its time goes and the lines that cost it.
 
-The profile is the runner's own (``phase_seconds``, ``host_syncs_per_step``, device
-utilisation), shown as a share of the timed wall time. The ceiling steps the same vector
-backend with the same number of envs on random actions: no network, no learning. A run
-near the ceiling cannot gain from learner-side flags; one far below it can.
+One code path for both kinds of arm. The trainer is built as ``rlgauge run`` builds it and
+driven through ``iterate()`` in three passes, none of them a timed figure of ``run``/``gate``:
+
+1. warm-up (``run.warmup_steps``, at least one call), untimed;
+2. plain and hooked, call by call in turn: ``run.steps`` env steps with no hooks (the
+   overhead's reference) and ``run.steps`` with the phase hooks (``harness.diagnosis.phases``)
+   and the probe on, for the split found without instrumentation beside the probe's;
+3. audit: one call under the host-sync, float64 and kernel-counting modes (slow; counts only).
+
+A trainer that raises in a pass stops the diagnosis there: what was found up to then is
+reported with the error (``DiagnosisFailed``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from reference_trainers import frames_in_step, make_vector_env
-from reference_trainers.config.schema import TrainConfig
-from reference_trainers.config.flags import REGISTRY
+import torch
+
+from reference_trainers import build_trainer
+from reference_trainers.config.errors import ConfigError
+from reference_trainers.config.schema import to_plain_dict
+from reference_trainers.runtime import device as dev
 from reference_trainers.runtime.probe import PHASES
 
-from harness.results import RunResult
+from harness.diagnosis import flag_advice
+from harness.diagnosis.flag_advice import (  # noqa: F401 - the preset flag advice, also reached from here
+    DIAGNOSE_DEFAULT_STEPS, Facts, advise, diagnosis, diagnosis_lines, env_ceiling, facts_from, machine_load,
+    phase_shares)
+from harness.diagnosis.float64_sites import float64_finder, float64_sites
+from harness.diagnosis.frames import SiteFinder
+from harness.diagnosis.host_syncs import HostSyncFinder, cuda_sync_warnings, per_env_step
+from harness.diagnosis.loop_shape import KernelCounter, compile_counters, optimizers
+from harness.diagnosis.phases import HOOKED_PHASES, LoopCounters, PhaseClock, hooks
+from harness.diagnosis.recommendations import recommend
+from harness.errors import UserError
+from harness.measurement import metrics
+from harness.measurement.machine_state import Snapshot, free_cores
+from harness.specs.own_trainer import OwnConfig, TrainerExhausted
+from harness.specs.presets import VariantSpec
 
-DIAGNOSE_DEFAULT_STEPS = 4096
-LATENCY_BOUND_ENVS = 256
-"""Sub-envs up to which an accelerator acts on too few rows per step to hide its kernel launches and
-copies: such a run is latency-bound, and the CPU may be the faster device (``latency_bound``)."""
+
+class DiagnosisFailed(Exception):
+    """The trainer raised during the diagnosis; ``partial`` holds what was found up to then."""
+
+    def __init__(self, message: str, partial: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
-def env_ceiling(config: TrainConfig, steps: int) -> float:
-    """Env steps/sec of random actions through the config's (resolved) vector backend and env count."""
-    env = config.env
-    envs = make_vector_env(env.id, env.num_envs, env.vectorization, action_repeat=env.action_repeat,
-                           env_kwargs=env.kwargs)
+@dataclass
+class _Pass:
+    """Env steps, optimizer steps and wall seconds of the ``iterate()`` calls of one pass."""
+
+    env_steps: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _State:
+    clock: PhaseClock = field(default_factory=PhaseClock)
+    counters: LoopCounters = field(default_factory=LoopCounters)
+    probe: metrics.TimingProbe = field(default_factory=metrics.TimingProbe)
+    plain: _Pass = field(default_factory=_Pass)
+    hooked: _Pass = field(default_factory=_Pass)
+    audit: _Pass = field(default_factory=_Pass)
+    syncs: HostSyncFinder | None = None
+    wide: Any = None
+    kernels: KernelCounter | None = None
+    compile_before: dict[str, int] = field(default_factory=dict)
+    compile_after: dict[str, int] = field(default_factory=dict)
+    threads: int = 0
+    ran_out: bool = False
+    finder: SiteFinder | None = None
+
+
+def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None) -> bool:
+    """One ``iterate()`` call counted into ``into``; False when a generator trainer ran out."""
+    if clock is not None:
+        clock.start_window()
+    start = time.perf_counter()
     try:
-        envs.reset(seed=config.seed)
-        envs.action_space.seed(config.seed)
-        actions = [envs.action_space.sample() for _ in range(max(1, steps // env.num_envs))]
-        frames, resetting = 0, None  # a NEXT_STEP reset step takes no transition
-        start = time.perf_counter()
-        for action in actions:
-            _, _, terminated, truncated, info = envs.step(action)
-            frames += frames_in_step(info, env.num_envs, resetting)
-            resetting = terminated | truncated
-        return frames / (time.perf_counter() - start)
+        done = trainer.iterate()
+    except (StopIteration, TrainerExhausted):
+        return False
     finally:
-        envs.close()
+        if clock is not None:
+            clock.end_window()
+    into.seconds += time.perf_counter() - start
+    into.env_steps += done.env_steps
+    into.calls += 1
+    return True
 
 
-def phase_shares(run: RunResult) -> dict[str, float]:
-    """Percent of the timed wall time per phase, plus ``other`` (loop overhead not inside a phase)."""
-    rate = run.metrics["env_steps_per_sec"]
-    samples = rate["samples"]
-    per_repeat = run.steps_completed / len(samples)
-    wall = sum(per_repeat / s for s in samples if s > 0)
-    phases = run.metrics["phase_seconds"]
-    shares = {name: 100.0 * phases.get(name, 0.0) / wall for name in PHASES} if wall else {n: 0.0 for n in PHASES}
-    shares["other"] = max(0.0, 100.0 - sum(shares.values()))
+def _run_pass(trainer: Any, into: _Pass, steps: int, state: _State) -> None:
+    while into.env_steps < steps or into.calls == 0:
+        if not _iterate(trainer, into):
+            state.ran_out = True
+            return
+
+
+def _plain_and_hooked(trainer: Any, steps: int, state: _State) -> None:
+    """``steps`` env steps without hooks and ``steps`` with them, call by call in turn (a busy
+    machine slows both alike, so their ratio is the hooks' overhead)."""
+    while (state.plain.env_steps < steps or state.hooked.env_steps < steps) and not state.ran_out:
+        if state.plain.env_steps <= state.hooked.env_steps:
+            state.ran_out = not _iterate(trainer, state.plain)
+            continue
+        with hooks(state.clock, state.counters, state.finder):
+            state.clock.enabled = state.probe.enabled = True
+            try:
+                state.ran_out = not _iterate(trainer, state.hooked, state.clock)
+            finally:
+                state.clock.enabled = state.probe.enabled = False
+
+
+def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> None:
+    run = resolution.config.run
+    warm = _Pass()
+    trainer.activate()
+    _run_pass(trainer, warm, run.warmup_steps, state)
+    if state.ran_out:
+        return
+    state.compile_before = compile_counters()
+    state.threads = torch.get_num_threads()
+    own_is_rlgauge = not isinstance(spec.config, OwnConfig)
+    state.finder = SiteFinder(own_is_rlgauge)
+    _plain_and_hooked(trainer, run.steps, state)
+    state.compile_after = compile_counters()
+    if state.ran_out and not state.hooked.calls:
+        return
+    finder = state.finder
+    state.syncs = HostSyncFinder(resolution.device, finder)
+    state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
+    # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
+    with torch.compiler.set_stance("force_eager"), cuda_sync_warnings(resolution.device, finder, state.syncs.sites):
+        with state.syncs, state.wide, state.kernels:
+            if not _iterate(trainer, state.audit):
+                state.ran_out = True
+
+
+def _percent(seconds: dict[str, float], total: float) -> dict[str, float]:
+    shares = {name: round(100.0 * seconds.get(name, 0.0) / total, 1) if total > 0 else 0.0 for name in seconds}
+    shares["other"] = round(max(0.0, 100.0 - sum(shares.values())), 1)
     return shares
 
 
-@dataclass(frozen=True)
-class Facts:
-    """What the rules look at."""
-
-    shares: dict[str, float]
-    syncs_per_step: float
-    utilization_pct: float | None
-    ceiling_fraction: float | None
-    config: dict[str, Any]
-    compile_works: bool | None
-    preset: str = "PRESET"
-
-    @property
-    def opt(self) -> dict[str, Any]:
-        return self.config["optimizations"]
-
-    @property
-    def on_cuda(self) -> bool:
-        return str(self.config["device"]).startswith("cuda")
-
-    @property
-    def num_envs(self) -> int | None:
-        return self.config.get("env", {}).get("num_envs")
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    fires: Callable[[Facts], bool]
-    advice: Callable[[Facts], str]
-
-
-def _tip(name: str) -> str:
-    """The flag registry's advice for ``optimizations.NAME`` (or ``env.NAME``)."""
-    entry = REGISTRY.get(f"optimizations.{name}") or REGISTRY[f"env.{name}"]
-    return entry.advice
-
-
-def _off(facts: Facts, *flags: str) -> list[str]:
-    return [flag for flag in flags if not facts.opt.get(flag)]
-
-
-def _update_advice(f: Facts) -> str:
-    text = f"the update takes {f.shares['update']:.0f}% of the time: "
-    if f.on_cuda:
-        tips = [f"{flag}=true" for flag in _off(f, "compile_train_step", "amp")]
-        return text + ", ".join(["bigger batches (fewer minibatches or more envs)", *tips]) + " (GPU kernels want work)"
-    tips = []
-    if f.opt.get("torch_threads") is None:
-        tips.append(_tip("torch_threads"))
-    if f.opt.get("optimizer_impl") == "forloop":
-        tips.append(_tip("optimizer_impl"))
-    if _mlp_policy(f) and not f.opt.get("analytic_grads"):
-        tips.append(_tip("analytic_grads"))
-    elif f.opt.get("analytic_grads") and not f.opt.get("numpy_update") and not f.opt.get("compile_train_step"):
-        tips.append(_tip("numpy_update") + ", or compile_train_step=true for long runs (the hand-written step "
-                    "compiled: seconds of warm-up)")
-    tips.append("fewer, larger minibatches (ppo.num_minibatches) if the algorithm allows")
-    return text + "; ".join(tips)
-
-
-def _mlp_policy(f: Facts) -> bool:
-    """A feed-forward MLP policy of PPO or DQN: what ``numpy_acting`` and ``analytic_grads`` cover."""
-    model = f.config.get("model", {})
-    return (f.config.get("algo") in ("ppo", "dqn") and model.get("body") == "mlp"
-            and model.get("recurrent", "none") == "none")
-
-
-RULES: list[Rule] = [
-    Rule("env_bound",
-         lambda f: f.shares["env"] > 50 and f.config["env"]["vectorization"] in ("serial", "sync"),
-         lambda f: f"env stepping takes {f.shares['env']:.0f}% of the time with {f.config['env']['vectorization']} "
-                   "vectorization: try env.vectorization=native (the env's own batched step, where it has one) or "
-                   "async (subprocess workers pay off for slow envs); compare with `rlgauge sweep PRESET "
-                   "--param env.vectorization=serial,sync,async,native`"),
-    Rule("host_syncs",
-         lambda f: f.syncs_per_step > 2,
-         lambda f: f"{f.syncs_per_step:.1f} device->host syncs per vector step: "
-                   + (" and ".join(f"{flag}=true" for flag in _off(f, "batch_inference", "sync_free_logging"))
-                      or "find the remaining .item()/.cpu() calls")
-                   + " (one batched action copy per step, one statistics sync per log interval)"),
-    Rule("per_env_inference",
-         lambda f: f.shares["inference"] > 30 and not f.opt.get("batch_inference"),
-         lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time, one forward per env: "
-                   + _tip("batch_inference")),
-    Rule("torch_acting",
-         lambda f: (not f.on_cuda and f.shares["inference"] > 20 and bool(f.opt.get("batch_inference"))
-                    and not f.opt.get("numpy_acting") and _mlp_policy(f)),
-         lambda f: f"action selection takes {f.shares['inference']:.0f}% of the time in torch ops on the CPU, "
-                   "mostly dispatch at these batch sizes: " + _tip("numpy_acting")),
-    Rule("update_dominant", lambda f: f.shares["update"] > 50, _update_advice),
-    Rule("transfer",
-         lambda f: f.shares["transfer"] > 15,
-         lambda f: f"host->device copies take {f.shares['transfer']:.0f}% of the time: "
-                   + (_tip("pinned_memory") if f.on_cuda else
-                      "batch_inference=true (one copy per step instead of one per env)")),
-    Rule("logging",
-         lambda f: f.shares["logging"] > 10 and not f.opt.get("sync_free_logging"),
-         lambda f: f"logging/bookkeeping takes {f.shares['logging']:.0f}% of the time: " + _tip("sync_free_logging")),
-    Rule("near_env_ceiling",
-         lambda f: f.ceiling_fraction is not None and f.ceiling_fraction >= 0.7,
-         lambda f: f"the run reaches {100 * f.ceiling_fraction:.0f}% of the env-only ceiling: learner-side flags "
-                   "cannot give much more; a faster env backend or more envs can"),
-    Rule("gpu_idle",
-         lambda f: f.on_cuda and f.utilization_pct is not None and f.utilization_pct < 30,
-         lambda f: f"the GPU is busy {f.utilization_pct:.0f}% of the time: it waits for the host; raise "
-                   "env.num_envs or the batch size, batch_inference=true, cuda_graphs=true for the update"),
-    Rule("latency_bound",
-         lambda f: f.on_cuda and f.num_envs is not None and f.num_envs <= LATENCY_BOUND_ENVS,
-         lambda f: f"{f.num_envs} envs on {f.config['device']}: each step launches the same kernels and copies for "
-                   f"only {f.num_envs} rows, so the GPU is latency-bound at this batch size and the CPU may be the "
-                   f"faster device (device: auto picks the accelerator, not the fastest device); measure both: "
-                   f"`rlgauge run {f.preset} --device cpu,{f.config['device']}`, or run a GPU-scale preset (-gpu: "
-                   "thousands of envs)"),
-    Rule("compile_broken",
-         lambda f: f.compile_works is False and bool(f.opt.get("compile_model") or f.opt.get("compile_train_step")),
-         lambda f: "torch.compile fails on this machine but the config asks for it: compile_model=false and "
-                   "compile_train_step=false (the run fell back to eager)"),
-]
-
-
-def advise(facts: Facts) -> list[dict[str, str]]:
-    """Every rule that fires, in table order, as {rule, advice}."""
-    return [{"rule": rule.name, "advice": rule.advice(facts)} for rule in RULES if rule.fires(facts)]
-
-
-def facts_from(run: RunResult, ceiling: float | None, compile_works: bool | None) -> Facts:
-    rate = run.metrics["env_steps_per_sec"]["median"]
-    return Facts(shares=phase_shares(run), syncs_per_step=float(run.metrics.get("host_syncs_per_step") or 0.0),
-                 utilization_pct=run.metrics.get("device_utilization_pct"),
-                 ceiling_fraction=(rate / ceiling) if ceiling else None, config=run.config,
-                 compile_works=compile_works, preset=run.preset)
-
-
-def diagnosis(run: RunResult, ceiling: float | None, compile_works: bool | None) -> dict[str, Any]:
-    """The run's profile, its ceiling fraction and the advice, as plain data."""
-    facts = facts_from(run, ceiling, compile_works)
-    rate = run.metrics["env_steps_per_sec"]
-    return {
-        "preset": run.preset, "variant": run.variant, "status": run.status, "device": run.config["device"],
-        "vectorization": run.config["env"]["vectorization"], "num_envs": run.config["env"]["num_envs"],
-        "env_steps_per_sec": rate, "phase_pct": {k: round(v, 1) for k, v in facts.shares.items()},
-        "host_syncs_per_step": facts.syncs_per_step, "device_utilization_pct": facts.utilization_pct,
-        "env_ceiling_steps_per_sec": ceiling,
-        "fraction_of_ceiling": facts.ceiling_fraction,
-        "advice": advise(facts),
-        "machine": machine_load(run),
+def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> dict[str, Any]:
+    own = isinstance(spec.config, OwnConfig)
+    hooked, audit, counters = state.hooked, state.audit, state.counters
+    steps = max(1, hooked.env_steps)
+    seconds = {name: max(0.0, state.clock.seconds[name]) for name in HOOKED_PHASES}
+    seconds["update"] += state.clock.burst_seconds()
+    phases = _percent(seconds, hooked.seconds)
+    probe_seconds = state.probe.totals()
+    reported = any(probe_seconds.get(name, 0.0) > 0 for name in PHASES)
+    probe = _percent({name: probe_seconds.get(name, 0.0) for name in PHASES}, hooked.seconds) if reported else None
+    plain_rate = state.plain.env_steps / state.plain.seconds if state.plain.seconds else None
+    hooked_rate = hooked.env_steps / hooked.seconds if hooked.seconds else None
+    audit_rate = audit.env_steps / audit.seconds if audit.seconds else None
+    wide = state.wide
+    d: dict[str, Any] = {
+        "kind": "trainer" if own else "preset", "target": target, "preset": spec.preset, "variant": spec.variant,
+        "trainer": spec.config.trainer if own else spec.config.algo, "device": str(resolution.device),
+        "env_steps": {"plain": state.plain.env_steps, "hooked": hooked.env_steps, "audit": audit.env_steps},
+        "phases": phases, "probe_phases": probe,
+        "host_syncs": per_env_step(state.syncs.sites, audit.env_steps) if state.syncs else [],
+        "float64": float64_sites(wide) if wide is not None else [],
+        "forwards_per_env_step": counters.forwards["inference"] / steps,
+        "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),
+        "inference_forward_sites": [where for where, _ in counters.inference_sites.most_common(3)],
+        "loop": {
+            "update_forwards_per_env_step": counters.forwards["update"] / steps,
+            "optimizer_steps_per_env_step": counters.optimizer_steps / steps,
+            "kernels_per_env_step": (state.kernels.kernels / max(1, audit.env_steps)) if state.kernels else 0.0,
+            "optimizers": optimizers(counters.optimizers), "torch_threads": state.threads or torch.get_num_threads(),
+            "env_classes": [name for name, _ in counters.env_classes.most_common()],
+            "host_tensors_per_update": state.clock.update_host_tensors / max(1, counters.optimizer_steps),
+            "graph_breaks": state.compile_after.get("graph_breaks", 0) - state.compile_before.get("graph_breaks", 0),
+            "frames_compiled": state.compile_after.get("frames_compiled", 0),
+            "recompiles": state.compile_after.get("frames_compiled", 0) - state.compile_before.get("frames_compiled", 0),
+        },
+        "overhead": {"plain_env_steps_per_sec": plain_rate, "hooked_env_steps_per_sec": hooked_rate,
+                     "audit_env_steps_per_sec": audit_rate,
+                     "hooks_pct": 100.0 * (plain_rate / hooked_rate - 1.0) if plain_rate and hooked_rate else None},
+        "ran_out": state.ran_out,
     }
+    d["recommendations"] = recommend(d, target)
+    if not own:
+        d["flag_advice"] = _flag_advice(resolution, d, plain_rate)
+    return d
 
 
-def machine_load(run: RunResult) -> dict[str, Any]:
-    """The machine's load while the profiled run was timed, and what it does to its figures."""
-    state, verdict = run.machine_state or {}, run.quality or {}
-    share = (state.get("others_cpu_share") or {}).get("median")
-    cpu = (run.metrics.get("cpu_seconds_per_1k_env_steps") or {}).get("median")
-    if share is None:
-        effect = "not recorded"
-    elif verdict.get("trustworthy", True):
-        effect = ("other processes took little CPU while it was timed: the rates above are this code's own "
-                  "on this machine")
-    else:
-        effect = ("the machine was busy while it was timed: the wall-time rates above are lower than on a quiet "
-                  "machine and the phase shares shift towards whatever waits most; "
-                  + (f"CPU seconds per 1k env steps ({cpu:.3f}) hold better, " if cpu is not None else "")
-                  + "re-run on a quieter machine before acting on them")
-    return {"load_avg_before": state.get("load_avg_before"), "load_avg_after": state.get("load_avg_after"),
-            "usable_cores": state.get("usable_cores"), "others_cpu_share": share,
-            "threads": state.get("threads"), "trustworthy": verdict.get("trustworthy"),
-            "reasons": verdict.get("reasons", []), "effect": effect}
+def _flag_advice(resolution: Any, d: dict[str, Any], rate: float | None) -> list[dict[str, str]]:
+    """rlgauge's own trainers: the flag rules over the probe's split (``flag_advice``)."""
+    config = resolution.config
+    shares = dict(d["probe_phases"] or {name: 0.0 for name in (*PHASES, "other")})
+    vector_steps = max(1, d["env_steps"]["audit"] // max(1, config.env.num_envs))
+    syncs = sum(s["count"] for s in d["host_syncs"]) / vector_steps
+    ceiling = env_ceiling(config, config.run.steps)
+    facts = Facts(shares=shares, syncs_per_step=syncs, utilization_pct=None,
+                  ceiling_fraction=(rate / ceiling) if rate and ceiling else None, config=to_plain_dict(config),
+                  compile_works=None, preset=d["preset"])
+    d["env_ceiling_steps_per_sec"] = ceiling
+    d["fraction_of_ceiling"] = facts.ceiling_fraction
+    return flag_advice.advise(facts)
 
 
-def diagnosis_lines(d: dict[str, Any]) -> list[str]:
-    """The diagnosis as short human-readable lines."""
-    rate = d["env_steps_per_sec"]
-    util = "-" if d["device_utilization_pct"] is None else f"{d['device_utilization_pct']:.0f}%"
-    lines = [f"profiled run: {d['preset']} {d['variant']} on {d['device']}, {d['num_envs']} envs "
-             f"({d['vectorization']}): {rate['median']:,.0f} env steps/s [{rate['min']:,.0f}-{rate['max']:,.0f}]",
-             "phase breakdown (% of timed wall time): "
-             + ", ".join(f"{name} {pct:.1f}%" for name, pct in d["phase_pct"].items()),
-             f"host syncs per vector step: {d['host_syncs_per_step']:.2f}; device utilisation: {util}"]
-    if d["env_ceiling_steps_per_sec"]:
-        lines.append(f"env-only ceiling (random actions, same backend and envs): {d['env_ceiling_steps_per_sec']:,.0f} "
-                     f"env steps/s; this run reaches {100 * d['fraction_of_ceiling']:.1f}% of it")
-    machine = d.get("machine") or {}
-    if machine.get("others_cpu_share") is not None:
-        load = machine.get("load_avg_before")
-        lines.append(f"machine load: load average {load[0] if load else '-'} before the run; other processes took "
-                     f"{machine['others_cpu_share']:.0%} of the {machine['usable_cores']} usable cores while it was "
-                     f"timed: {machine['effect']}")
-        lines += [f"  ! {reason}" for reason in machine["reasons"]]
-    lines.append("advice:" if d["advice"] else "advice: no rule fired (no phase dominates; nothing obvious to try)")
-    lines += [f"  - [{a['rule']}] {a['advice']}" for a in d["advice"]]
-    return lines
+def _fair_threads(resolution: Any) -> None:
+    """As ``rlgauge run`` does (``run.fair_threads``): torch's default thread count capped at the cores
+    other processes leave free, so a busy machine does not make every op wait for a busy core."""
+    config = resolution.config
+    threads = getattr(getattr(config, "optimizations", None), "torch_threads", None)
+    cap = free_cores(Snapshot.take().busy_cores_before)
+    if threads is None and config.run.fair_threads and cap < dev.DEFAULT_THREADS:
+        dev.cap_default_threads(cap)
+
+
+def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
+    """Build the variant's trainer, run the passes, return the diagnosis as plain data.
+
+    Raises ``DiagnosisFailed`` (with the partial diagnosis) when the trainer raises, and
+    ``UserError`` when a user's trainer breaks the contract (exit 2)."""
+    state = _State()
+    trainer = None
+    saved = dev.process_settings()
+    _fair_threads(resolution)
+    try:
+        trainer = (spec.build or build_trainer)(resolution, probe=state.probe)
+        _passes(trainer, spec, resolution, state)
+    except (UserError, ConfigError):
+        raise
+    except Exception as exc:  # the trainer failed: report what was found up to then
+        whose = f"your trainer {spec.config.trainer}" if isinstance(spec.config, OwnConfig) else \
+            f"{spec.preset} {spec.variant}"
+        partial = _result(spec, resolution, target, state) if state.hooked.calls else {}
+        raise DiagnosisFailed(f"{whose} raised during the diagnosis: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())}", partial) from exc
+    finally:
+        if trainer is not None:
+            trainer.close()
+        dev.restore_process_settings(saved)
+        dev.cap_default_threads(None)
+    if not state.hooked.calls:
+        raise UserError(f"diagnose {target}: the trainer ran out of iterations before the diagnosed ones "
+                        f"(after {state.plain.env_steps:,} env steps); accepted: a trainer that iterates for "
+                        "warm-up + 2 x run.steps env steps and one call more, or smaller --steps")
+    return _result(spec, resolution, target, state)

@@ -201,9 +201,15 @@ def throughput_checks(pair: Pair, th: Thresholds) -> list[Check]:
     """Candidate/baseline of each gated rate: fails when the whole interval is below 1 - pct/100."""
     bar = 1.0 - th.max_slowdown_pct / 100.0
     checks = []
+    unstable = [side for side, run in (("baseline", pair.base), ("candidate", pair.cand)) if run.status == "unstable"]
     for key in th.throughput_metrics:
         ratio = metric_ratio(pair, _metric(key), confidence=th.confidence)
         name, threshold = f"{key} candidate/baseline", f">= {bar:.3f}x (-{th.max_slowdown_pct:g} %)"
+        if unstable and ratio is not None:  # a rate of a run that computed the wrong thing is no verdict's base
+            checks.append(Check(name, pair.label, _interval(ratio), threshold, False,
+                                f"not judged: the {' and '.join(unstable)} "
+                                f"{'runs are' if len(unstable) > 1 else 'run is'} unstable"))
+            continue
         if ratio is None:
             missing = pair.base if not (pair.base.metrics.get(key) or {}).get("samples") else pair.cand
             checks.append(Check(name, pair.label, "-", threshold, False,
@@ -242,7 +248,8 @@ def stability_checks(run: RunResult, th: Thresholds) -> list[Check]:
     checks = [Check("status", name, run.status, "ok", run.status == "ok", (run.error or "")[:120])]
     for key in ("float64_ops", "nonfinite_events"):
         value = stab.get(key)
-        checks.append(Check(key, name, str(value), "0", value == 0))
+        site = stab.get(key.replace("_ops", "_first_site").replace("_events", "_first_site")) if value else None
+        checks.append(Check(key, name, str(value), "0", value == 0, f"first: {site}" if site else ""))
     fallback = bool(stab.get("compile_fallback"))
     checks.append(Check("compile_fallback", name, str(fallback).lower(),
                         "allowed" if th.allow_compile_fallback else "false", th.allow_compile_fallback or not fallback))

@@ -8,6 +8,7 @@ Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -51,15 +52,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.add_argument("--yes", action="store_true", help=_YES_HELP)
 
-    diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice",
-                              description="Report the machine (versions, devices, whether torch.compile works), "
-                                          "then profile a short run of a preset against the env-only ceiling and "
-                                          "advise which flags to try.")
-    diagnose.add_argument("target", nargs="?", default="ppo-cartpole", metavar="PRESET|FILE.yaml",
-                          help="what to profile (default: ppo-cartpole)")
-    diagnose.add_argument("--variant", choices=VARIANTS, default="baseline",
-                          help="the variant profiled (default: baseline, the plain paths)")
-    run_options(diagnose, steps_default="4096 for diagnose", repeats_default="1 for diagnose")
+    diagnose = sub.add_parser("diagnose", help="where a trainer's time goes and the lines that cost it (a preset "
+                              "or your own trainer), with recommendations",
+                              description="Report the machine, then diagnose a preset's variant or your own trainer "
+                                          "with no instrumentation: the phase split found by torch's global hooks, "
+                                          "host syncs and float64 ops with their source lines, the loop's shape, "
+                                          "and the optimisations that address what was found. A separate run from "
+                                          "any timed figure.")
+    diagnose.add_argument("target", nargs="?", default=None, metavar="PRESET|FILE.yaml",
+                          help="what to diagnose (default: ppo-cartpole; a file may name your trainer with trainer:)")
+    diagnose.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",
+                          help="diagnose your own trainer: a factory make_trainer(config, *, device, seed)")
+    diagnose.add_argument("--config", type=Path, metavar="FILE.yaml",
+                          help="with --trainer: its settings (config:, variants:, run:), or a plain mapping of them")
+    diagnose.add_argument("--variant", default=None,
+                          help="the variant diagnosed (default: baseline, or a file's only variant)")
+    run_options(diagnose, steps_default="4096 for diagnose", repeats_default="not used by diagnose")
     diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
 
@@ -218,32 +226,60 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from harness.analyses import diagnose
+    from harness.diagnosis.report import report_lines
     from harness.measurement.environment import environment_lines, environment_report
-    from harness.measurement.runner import run_variants
-
-    overrides = _with_defaults(args, **{"run.steps": diagnose.DIAGNOSE_DEFAULT_STEPS, "run.repeats": 1})
-    (spec,) = specs_for(args.target, args.variant, overrides)
     from harness.measurement.runner import resolve_specs
 
+    spec, target = _diagnose_spec(args)
     (resolution,) = resolve_specs([spec])
     text = not args.json
     env_report = environment_report(compile_device=resolution.device.type, check_compile=not args.no_compile_check)
     if text:
         print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
-    runs, interrupted = run_variants([spec], show_progress=text and sys.stderr.isatty(), say=lambda _t: None)
-    if interrupted:
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's own prints stay out of the report (and --json)
+            result = diagnose.diagnose(spec, resolution, target)
+    except diagnose.DiagnosisFailed as failed:
+        if failed.partial:
+            _print_diagnosis(args, env_report, failed.partial, report_lines)
+        print(f"rlgauge: {failed}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    run = runs[0]
-    if run.status == "failed":
-        raise UserError(f"diagnose {args.target}: the profiled run failed: {run.error}")
-    ceiling = diagnose.env_ceiling(resolution.config, resolution.config.run.steps)
-    compiled = env_report.get("torch_compile")
-    result = diagnose.diagnosis(run, ceiling, None if compiled is None else compiled["works"])
+    _print_diagnosis(args, env_report, result, report_lines)
+    return EXIT_OK
+
+
+def _print_diagnosis(args: argparse.Namespace, env_report: dict, result: dict, report_lines: object) -> None:
     if args.json:
         print(json.dumps({"environment": env_report, "diagnosis": result}, indent=2))
     else:
-        print("\n## Diagnosis\n" + "\n".join(diagnose.diagnosis_lines(result)))
-    return _status_code(runs)
+        print("\n## Diagnosis\n" + "\n".join(report_lines(result)))  # type: ignore[operator]
+
+
+def _diagnose_spec(args: argparse.Namespace) -> tuple:
+    """The one variant ``diagnose`` takes (a preset's, a file's or ``--trainer``'s) and how to name it."""
+    from harness.analyses.diagnose import DIAGNOSE_DEFAULT_STEPS
+    from harness.specs.presets import load_preset, own_trainer_preset, specs_of
+
+    overrides = _with_defaults(args, **{"run.steps": DIAGNOSE_DEFAULT_STEPS})
+    if args.trainer is not None:
+        if args.target is not None:
+            raise UserError(f"diagnose: with --trainer, give the settings file as --config {args.target} (not as a "
+                            "positional argument)")
+        preset = own_trainer_preset(args.trainer, args.config)
+        target = f"--trainer {args.trainer}" + (f" --config {args.config}" if args.config else "")
+    else:
+        if args.config is not None:
+            raise UserError("--config: only used with --trainer; a preset or config file is given as PRESET|FILE.yaml")
+        target = args.target or "ppo-cartpole"
+        preset = load_preset(target)
+    names = list(preset.variants)
+    variant = args.variant or ("baseline" if "baseline" in names else names[0])
+    if variant not in names:
+        raise UserError(f"--variant {variant}: {preset.name} has no such variant; accepted: {', '.join(names)}")
+    specs = specs_of(preset, variant, overrides)
+    return specs[0], target
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:

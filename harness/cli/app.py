@@ -8,13 +8,14 @@ stderr, no traceback), 130 interrupted (partial result written, marked).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Iterator, NoReturn
 
 import yaml
 from rich.console import Console
@@ -143,6 +144,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Captured:
+    """Where a ``--quiet`` run's trainer stdout went, and how many lines it holds."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.lines = path, 0
+
+
+@contextlib.contextmanager
+def _trainer_stdout(args: argparse.Namespace | None) -> Iterator[_Captured]:
+    """Under ``--quiet``, the trainer's own stdout goes to ``OUT.stdout.txt`` (without ``--out``:
+    ``rlgauge-stdout.txt`` in the current folder); the file is removed when nothing was printed."""
+    if args is None or not getattr(args, "quiet", False):
+        yield _Captured(None)
+        return
+    out = getattr(args, "out", None)
+    captured = _Captured(Path(f"{out}.stdout.txt") if out is not None else Path("rlgauge-stdout.txt"))
+    with open(captured.path, "w", encoding="utf-8") as handle, contextlib.redirect_stdout(handle):
+        try:
+            yield captured
+        finally:
+            handle.flush()
+    captured.lines = len(captured.path.read_text(encoding="utf-8").splitlines())
+    if not captured.lines:
+        captured.path.unlink(missing_ok=True)
+
+
 def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing | None = None) -> tuple[list, bool]:
     """Run resolved specs (``run`` and ``gate --run``): progress on stderr, table on stdout, ``--out`` written.
 
@@ -156,7 +183,13 @@ def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing
     say = (lambda _text: None) if quiet else (lambda text: print(text, file=sys.stderr))
     show_progress = not quiet and sys.stderr.isatty()
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: interrupted results, still written below
-        results, interrupted = run_variants(specs, show_progress=show_progress, say=say, checkpointing=checkpointing)
+        with _trainer_stdout(args if main_process else None) as captured:
+            results, interrupted = run_variants(specs, show_progress=show_progress, say=say,
+                                                checkpointing=checkpointing)
+        if captured.lines:
+            for result in results:
+                result.trainer_stdout = str(captured.path)
+            print(f"rlgauge: the trainer's own output ({captured.lines} lines) is in {captured.path}", file=sys.stderr)
         signals.hold()
         if not main_process:
             return results, interrupted
@@ -269,7 +302,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.status != "ok"]
     for result in bad if main_process else []:
-        detail = result.error or f"float64_ops={result.stability['float64_ops']} nonfinite_events={result.stability['nonfinite_events']}"
+        from harness.measurement.sentinels import instability
+
+        detail = result.error or instability(result.stability)
         whose = f" of your trainer {result.config['trainer']}" if own else ""
         print(f"rlgauge: {result.variant} run{whose} is {result.status}: {detail}", file=sys.stderr)
     return EXIT_CHECK_FAILED if bad else EXIT_OK

@@ -29,7 +29,7 @@ def gate_argv(target: str | Path | None = None, *, min_speedup: float | None = N
               baseline: str | Path | None = None, candidate: str | Path | None = None, base: str | None = None,
               max_slowdown_pct: float | None = None, steps: int | None = None, repeats: int | None = None,
               rounds: int | None = None, sets: tuple[str, ...] = (), allow_untrustworthy: bool = False,
-              out: str | Path | None = None) -> list[str]:
+              out: str | Path | None = None, quiet: bool = False) -> list[str]:
     """The ``rlgauge gate`` arguments for these keywords (``--run`` for ``target``)."""
     argv: list[Any] = []
     for option, value in (("--run", target), ("--min-speedup", min_speedup), ("--baseline", baseline),
@@ -41,6 +41,8 @@ def gate_argv(target: str | Path | None = None, *, min_speedup: float | None = N
         argv += ["--set", text]
     if allow_untrustworthy:
         argv.append("--allow-untrustworthy")
+    if quiet:  # no progress bar; a trainer's own stdout kept out of the output (gate --run)
+        argv.append("--quiet")
     return [str(a) for a in argv]
 
 

@@ -16,12 +16,27 @@ and the CPU share other processes took, exactly as ``rlgauge run`` does, and the
 covers the timed repeats. On leaving the block the run is written to ``out`` in the result
 schema (a file that already holds runs keeps them; a run of the same name and variant is
 replaced), so ``compare``, ``gate`` and ``record`` read it. A block left by an exception is
-written as failed (by Ctrl-C: interrupted) and the exception goes on.
+written as failed (by Ctrl-C: interrupted) and the exception goes on. On leaving, one line on
+stderr says the run's status and rate (and, for an unstable run, its first float64 site).
+
+A script whose loop cannot be re-indented under ``with`` uses the start/stop form, two lines
+at the loop's own indentation::
+
+    m = measure("my-run", out="result.json").start()   # before the loop
+    for update in range(n):
+        ...
+        m.steps(num_envs * num_steps)                     # inside the loop
+    m.stop()                                              # after it (or let the script end)
+
+A started measurement not stopped is stopped when the interpreter exits, as failed when the
+script ended with an uncaught exception.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
+import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -90,6 +105,41 @@ class Measurement(AbstractContextManager["Measurement"]):
             self._end_sentinel()
             self._open_repeat()
 
+    # ------------------------------------------------------------------ the start/stop form
+    def start(self) -> "Measurement":
+        """Begin measuring without a ``with`` block; ``stop()`` ends it (or the interpreter's exit)."""
+        self.__enter__()
+        self._uncaught: BaseException | None = None
+        previous = sys.excepthook
+
+        def remember(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            self._uncaught = exc
+            previous(kind, exc, tb)
+
+        sys.excepthook = remember
+        self._previous_hook = previous
+        atexit.register(self._stop_at_exit)
+        return self
+
+    def stop(self) -> RunResult:
+        """End a ``start()``-ed measurement: write the run and return it."""
+        if self.result is None:
+            self.__exit__(None, None, None)
+        self._release()
+        assert self.result is not None
+        return self.result
+
+    def _release(self) -> None:
+        if getattr(self, "_previous_hook", None) is not None:
+            sys.excepthook = self._previous_hook
+            self._previous_hook = None
+            atexit.unregister(self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        if self.result is None:
+            exc = getattr(self, "_uncaught", None)
+            self.__exit__(type(exc) if exc is not None else None, exc, None)
+
     # ------------------------------------------------------------------ the clock
     _repeat_open = False
 
@@ -148,6 +198,7 @@ class Measurement(AbstractContextManager["Measurement"]):
             kept = [r for r in (load_results(self.out) if self.out.exists() else [])
                     if (r.preset, r.variant) != (self.name, self.variant)]
             save_results(self.out, [*kept, self.result])
+        print(summary_line(self.result, self.out), file=sys.stderr)
 
     # ------------------------------------------------------------------ the result
     def _result(self, status: str, error: str | None) -> RunResult:
@@ -190,3 +241,17 @@ def measure(name: str, *, out: str | Path | None = None, variant: str = "config"
     compare out.json``); ``config`` is recorded as the run's settings."""
     return Measurement(name, out=out, variant=variant, steps_per_repeat=steps_per_repeat,
                        warmup_steps=warmup_steps, device=device, config=config)
+
+
+def summary_line(result: RunResult, out: Path | None) -> str:
+    """``rlgauge: measure NAME (VARIANT): STATUS, RATE env steps/s [min-max] over R repeats[, written to OUT]``."""
+    from harness.measurement.sentinels import instability
+
+    rate = result.metrics.get("env_steps_per_sec")
+    figures = (f"{rate['median']:,.0f} env steps/s [{rate['min']:,.0f}-{rate['max']:,.0f}] over "
+               f"{len(rate['samples'])} repeats") if rate else "no rate"
+    why = result.error if result.status == "failed" else instability(result.stability) \
+        if result.status == "unstable" else ""
+    return (f"rlgauge: measure {result.preset} ({result.variant}): {result.status}, {figures}"
+            + (f"; {why}" if why else "") + (f"; written to {out}" if out is not None else ""))
+

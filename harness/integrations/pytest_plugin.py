@@ -87,7 +87,7 @@ class RlgaugeGate:
         from harness.integrations.gate_api import gate
 
         verdict = gate(self.target(target, trainer=trainer, config=config), min_speedup=min_speedup, steps=steps,
-                       repeats=repeats, sets=sets, allow_untrustworthy=allow_untrustworthy)
+                       repeats=repeats, sets=sets, allow_untrustworthy=allow_untrustworthy, quiet=True)
         return self._judge(verdict, "gate --run")
 
     def assert_no_regression(self, target: str | Path | None = None, *, baseline: str | Path,

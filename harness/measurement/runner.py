@@ -30,7 +30,7 @@ from harness.errors import UserError
 from harness.measurement.gpu_monitor import GpuMonitor, gpu_metrics, open_monitor
 from harness.measurement.interrupts import deferred_interrupts, raise_if_stopping
 from harness.measurement.machine_state import OthersMeter, Snapshot, free_cores, retain_heap
-from harness.specs.own_trainer import OwnConfig, resolve_own
+from harness.specs.own_trainer import OwnConfig, TrainerExhausted, resolve_own
 from harness.specs.presets import VariantSpec
 from harness.measurement.progress import RunProgress
 from harness.measurement.provenance import git_info, machine_info
@@ -80,6 +80,8 @@ class _Live:
     syncs_per_step: float | None = None
     float64_ops: int = 0
     float64_site: str | None = None
+    sentinel_skipped: str | None = None
+    """Why the checked iteration did not run (a trainer that ran out after its repeats)."""
     torch_threads: int | None = None
     threads_capped_from: int | None = None
     snapshot: Snapshot | None = None
@@ -378,6 +380,11 @@ def _latency_and_sentinels(live: _Live) -> None:
         # functions' eager code, without counting as a compile fallback
         with torch.compiler.set_stance("force_eager"), syncs.active(), wide:
             done = trainer.iterate()
+    except TrainerExhausted as exc:  # every timed repeat completed: not a failure of that work
+        live.sentinel_skipped = (f"{exc}, after its timed repeats: the checked iteration (float64, host syncs) was "
+                                 "skipped; give it one iteration more to have it checked")
+        log.warning("%s %s: %s", live.spec.preset, live.spec.variant, live.sentinel_skipped)
+        return
     except (UserError, ConfigError):
         raise
     except Exception as exc:
@@ -446,6 +453,10 @@ def _result(live: _Live) -> RunResult:
                  "passed": passed}
     if live.float64_site:
         stability["float64_first_site"] = live.float64_site
+    if live.sentinel_skipped:
+        stability["sentinel_skipped"] = live.sentinel_skipped
+    if trainer is not None and getattr(trainer, "torch_threads", None):  # a user's trainer may set them in iterate()
+        live.torch_threads = trainer.torch_threads
     state = (live.snapshot or Snapshot.take()).record(live.others_shares, {
         "intra_op": live.torch_threads, "inter_op": torch.get_num_interop_threads(),
         "capped_from": live.threads_capped_from})

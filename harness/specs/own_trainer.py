@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ from reference_trainers.config.files import apply_overrides, deep_merge, parse_o
 from reference_trainers.config.errors import ConfigError
 
 from harness.errors import UserError
+
+log = logging.getLogger("rlgauge")
 
 ALGO = "custom"
 """The ``algo`` recorded for a user's trainer (results, RUNS.md)."""
@@ -185,6 +188,28 @@ def _takes_probe(factory: Callable[..., Any]) -> bool:
 
 # --------------------------------------------------------------------------- the adapter
 
+class TrainerExhausted(Exception):
+    """``iterate()`` raised ``StopIteration``: the trainer (a generator, say) has no more iterations."""
+
+
+class GeneratorTrainer:
+    """A generator as a trainer: each ``next()`` is one ``iterate()`` (the value yielded: the env
+    steps it took), ``close()`` closes the generator (its ``finally`` blocks run).
+
+    So a script's main block becomes a factory without re-indenting it: turn
+    ``if __name__ == "__main__":`` into ``def make_trainer(config, *, device, seed):`` and add
+    ``yield STEPS`` at the end of its training loop's body."""
+
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator
+
+    def iterate(self) -> Any:
+        return next(self.generator)
+
+    def close(self) -> None:
+        self.generator.close()
+
+
 def step_count(value: Any, label: str) -> tuple[int, int, int]:
     """``(env_steps, agent_steps, updates)`` from what ``iterate()`` returned: a positive int, or an
     object with a positive int ``env_steps`` (``agent_steps`` and ``updates`` read where present)."""
@@ -220,6 +245,8 @@ class OwnTrainer:
         if _takes_probe(factory):
             kwargs["probe"] = probe
         made = factory(deep_merge({}, config.settings), **kwargs)
+        if inspect.isgenerator(made):
+            made = GeneratorTrainer(made)
         missing = [name for name in ("iterate", "close") if not callable(getattr(made, name, None))]
         if missing:
             raise UserError(f"--trainer {self.label}: it returned {type(made).__name__}, which has no "
@@ -231,6 +258,7 @@ class OwnTrainer:
         self.torch_threads = torch.get_num_threads()
         self.env_steps = 0
         self.iterations = 0
+        self.threads_warned = False
 
     def activate(self) -> None:
         import torch
@@ -241,8 +269,22 @@ class OwnTrainer:
     def iterate(self) -> Any:
         from reference_trainers.runtime.trainer import IterationResult
 
+        import torch
+
         self.activate()
-        env_steps, agent_steps, updates = step_count(self.inner.iterate(), f"--trainer {self.label}")
+        try:
+            done = self.inner.iterate()
+        except StopIteration:
+            raise TrainerExhausted(f"your trainer {self.label} ran out of iterations (iterate() raised StopIteration) "
+                                   f"after {self.env_steps:,} env steps in {self.iterations} calls") from None
+        if torch.get_num_threads() != self.torch_threads:  # set inside iterate(): kept for the later calls
+            if not self.threads_warned:
+                log.warning("your trainer %s set torch threads to %d inside iterate() (its factory left %d): kept for "
+                            "its later calls; set them in the factory so the warm-up and every call run with them",
+                            self.label, torch.get_num_threads(), self.torch_threads)
+                self.threads_warned = True
+            self.torch_threads = torch.get_num_threads()
+        env_steps, agent_steps, updates = step_count(done, f"--trainer {self.label}")
         self.env_steps += env_steps
         self.iterations += 1
         return IterationResult(env_steps=env_steps, agent_steps=agent_steps, updates=updates)

@@ -295,10 +295,14 @@ def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str |
     table.add_column(cand_header, justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("change", no_wrap=True)
+    unstable = [run.variant for run in (pair.base, pair.cand) if run.status == "unstable"]
     for metric in METRICS:
         ratio = ratios[metric.key]
+        words = change(ratio, metric.higher_is_better)
+        if unstable and words and ratio is not None and ratio.method != "single":
+            words = f"no verdict: {' and '.join(unstable)} unstable"  # a change between wrong computations
         cells = (metric.key, fmt_value(metric, pair.base), fmt_value(metric, pair.cand),
-                 "-" if ratio is None else ratio.fmt(), change(ratio, metric.higher_is_better))
+                 "-" if ratio is None else ratio.fmt(), words)
         table.add_row(*(escape(c) for c in cells))
     stab = lambda r: f"{r.stability.get('float64_ops')} / {r.stability.get('nonfinite_events')}"  # noqa: E731
     table.add_row("float64_ops / nonfinite_events", stab(pair.base), stab(pair.cand), "", "")

@@ -1,0 +1,128 @@
+"""Device->host synchronisations by kind, with the user's ``file:line`` of each.
+
+A ``TorchFunctionMode`` sees every tensor method the trainer calls. Counted, by kind:
+``.item()`` (and ``float(t)``/``int(t)``), ``.cpu()/.numpy()/.tolist()``, ``bool(t)``/``if t``,
+``nonzero``/boolean-mask indexing (a data-dependent shape), and ``.to("cpu")``. On an
+accelerator a call counts when its tensor lives there; on the CPU nothing synchronises, so
+the calls count as they would on an accelerator (``.cpu()``/``.to("cpu")`` of a CPU tensor are
+free there, and its ``.numpy()`` is counted once). On CUDA, ``torch.cuda.set_sync_debug_mode``
+("warn") also reports the synchronisations torch itself makes; their warnings are counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from typing import Any, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from harness.diagnosis.frames import SiteFinder
+
+ITEM, HOST_COPY, BRANCH, DATA_SHAPE, TO_CPU, CUDA_SYNC = (
+    ".item()", ".cpu()/.numpy()/.tolist()", "bool(t)/if t", "nonzero/boolean mask", '.to("cpu")',
+    "cuda sync (set_sync_debug_mode)")
+
+_T = torch.Tensor
+_BY_FUNCTION: dict[Any, str] = {
+    _T.item: ITEM, _T.__float__: ITEM, _T.__int__: ITEM, _T.__index__: ITEM,
+    _T.numpy: HOST_COPY, _T.tolist: HOST_COPY, _T.__bool__: BRANCH,
+    _T.nonzero: DATA_SHAPE, torch.nonzero: DATA_SHAPE, torch.masked_select: DATA_SHAPE,
+    _T.masked_select: DATA_SHAPE, torch.argwhere: DATA_SHAPE,
+}
+
+
+def _on_device(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu"
+
+
+def _bool_index(args: tuple) -> bool:
+    index = args[1] if len(args) > 1 else None
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
+
+
+def _to_cpu(args: tuple, kwargs: dict) -> bool:
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    if isinstance(target, (str, torch.device)):
+        try:
+            return torch.device(target).type == "cpu"
+        except RuntimeError:
+            return False
+    return False
+
+
+class HostSyncFinder(TorchFunctionMode):
+    """Count host synchronisations by (kind, where) while active."""
+
+    def __init__(self, device: torch.device, finder: SiteFinder) -> None:
+        super().__init__()
+        self.on_cpu = device.type == "cpu"
+        self.finder = finder
+        self.sites: Counter[tuple[str, str]] = Counter()
+        self._inside = 0
+
+    def _kind(self, func: Any, args: tuple, kwargs: dict) -> str | None:
+        tensor = args[0] if args else None
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        kind = _BY_FUNCTION.get(func)
+        if kind is None:
+            if func is _T.__getitem__ and _bool_index(args):
+                kind = DATA_SHAPE
+            elif func is _T.cpu and not self.on_cpu:
+                kind = HOST_COPY
+            elif func is _T.to and _to_cpu(args, kwargs) and not self.on_cpu:
+                kind = TO_CPU
+            else:
+                return None
+        if self.on_cpu or _on_device(tensor):
+            return kind
+        return None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self._inside == 0:  # torch's own calls made inside a counted one are not the user's
+            kind = self._kind(func, args, kwargs)
+            if kind is not None:
+                self.sites[(kind, self.finder.where(2))] += 1
+        self._inside += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self._inside -= 1
+
+
+@contextlib.contextmanager
+def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter) -> Iterator[None]:
+    """On CUDA: ``set_sync_debug_mode("warn")``, each warning counted at its user line; elsewhere nothing."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    original_show = warnings.showwarning
+
+    def show(message: Any, category: type, filename: str, lineno: int, *rest: Any) -> None:
+        if "synchroniz" in str(message):
+            sites[(CUDA_SYNC, finder.where(2))] += 1
+        else:
+            original_show(message, category, filename, lineno, *rest)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            warnings.showwarning = original_show
+
+
+def per_env_step(sites: Counter, env_steps: int) -> list[dict[str, Any]]:
+    """``[{where, kind, count, per_env_step}]``, most frequent first."""
+    steps = max(1, env_steps)
+    return [{"where": where, "kind": kind, "count": count, "per_env_step": count / steps}
+            for (kind, where), count in sorted(sites.items(), key=lambda item: -item[1])]

@@ -1,0 +1,250 @@
+"""The rules table: each finding of a diagnosis -> the optimisation that addresses it.
+
+A rule fires only on a finding (its evidence line quotes it). Each recommendation carries the
+effect rlgauge measured for the matching flag on a reference trainer on this kind of device
+(the ablation tables of ``docs/analysis.md``; "no figure" where it has none) and how to check
+it on the user's own trainer (a variant for the YAML and the ``rlgauge run`` that measures it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.diagnosis.frames import short
+from harness.diagnosis.host_syncs import DATA_SHAPE, HOST_COPY, ITEM
+
+ANALYSIS_DOC = Path(__file__).resolve().parents[2] / "docs" / "analysis.md"
+_MEASURED = re.compile(r"^Measured (\d{4}-\d\d-\d\d)(.*)$")
+_PRESET = re.compile(r"^`([\w-]+)`:\s*$")
+_ROW = re.compile(r"^\| \d+ \| `(\w+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One ablation row: the flag's speedup alone on a reference preset."""
+
+    flag: str
+    preset: str
+    change: str
+    alone: str
+    date: str
+    machine: str
+
+    def line(self) -> str:
+        return (f"{self.flag} ({self.change.strip()}) alone on {self.preset}: {self.alone.strip()} "
+                f"(docs/analysis.md, measured {self.date}{self.machine})")
+
+
+def reference_figures(path: Path = ANALYSIS_DOC) -> list[Figure]:
+    """Every ablation row of ``path`` with its date, machine and preset (newest first, as the doc lists them)."""
+    if not path.exists():
+        return []
+    figures, date, machine, preset = [], "", "", ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if match := _MEASURED.match(line):
+            date, machine = match.group(1), match.group(2).split(",")[0].split(" at commit")[0]
+        elif match := _PRESET.match(line):
+            preset = match.group(1)
+        elif (match := _ROW.match(line)) and preset:
+            figures.append(Figure(match.group(1), preset, match.group(2), match.group(3), date, machine))
+    return figures
+
+
+def effect_of(flag: str | None, device: str, figures: list[Figure]) -> str:
+    """The measured effect of ``flag`` on this kind of device, or a plain statement that there is none."""
+    if flag is None:
+        return "no speed figure: rlgauge has no flag for this to measure on its trainers"
+    kind = device.split(":")[0]
+    seen: set[str] = set()
+    lines = []
+    for figure in figures:
+        on_kind = "CPU" in figure.machine if kind == "cpu" else kind.upper() in figure.machine.upper()
+        if figure.flag == flag and on_kind and figure.preset not in seen:
+            seen.add(figure.preset)
+            lines.append(figure.line())
+    return "; ".join(lines) if lines else f"no figure: rlgauge has not measured {flag} on a {kind} device"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A finding (``evidence`` returns its line, or None when the diagnosis does not show it) and its fix."""
+
+    name: str
+    change: str
+    flag: str | None
+    evidence: Callable[[dict[str, Any]], str | None]
+    variant: str
+    """What to add under ``variants:`` of the user's YAML to measure the change (a key of their own)."""
+    why: str
+    """How the change removes the cost the finding shows."""
+
+
+def _syncs(d: dict[str, Any], kinds: tuple[str, ...]) -> tuple[float, str]:
+    rows = [s for s in d["host_syncs"] if s["kind"] in kinds]
+    return sum(s["per_env_step"] for s in rows), ", ".join(short(s["where"]) for s in rows[:3])
+
+
+def _per_env_forward(d: dict[str, Any]) -> str | None:
+    per, rows = d["forwards_per_env_step"], d["rows_per_inference_forward"]
+    if per < 0.5 or rows >= 1.5:  # forwards of a whole batch (a policy and a critic, say) are batched inference
+        return None
+    sites = ", ".join(short(where) for where in d.get("inference_forward_sites", []))
+    return (f"{per:.2f} inference forwards per env step of {rows:.1f} rows each" + (f" at {sites}" if sites else "")
+            + ": a forward per env, not one per vector step")
+
+
+def _item_syncs(d: dict[str, Any]) -> str | None:
+    per, where = _syncs(d, (ITEM,))
+    return None if per < 0.25 else f"{per:.2f} .item() syncs per env step at {where}"
+
+
+def _host_copies(d: dict[str, Any]) -> str | None:
+    per, where = _syncs(d, (HOST_COPY, DATA_SHAPE))
+    if per < 0.5 or d["forwards_per_env_step"] >= 0.5:  # a per-env loop's copies: the forward rule covers them
+        return None
+    return f"{per:.2f} host copies per env step at {where}"
+
+
+def _float64(d: dict[str, Any]) -> str | None:
+    rows = d["float64"]
+    if not rows:
+        return None
+    first = rows[0]
+    return (f"{sum(r['count'] for r in rows)} float64 ops at {len(rows)} sites; float64 enters at "
+            f"{short(first['where'])} ({first['op']}, {first['count']}x)")
+
+
+def _env_bound(d: dict[str, Any]) -> str | None:
+    share, classes = d["phases"]["env"], d["loop"]["env_classes"]
+    if share < 50 or any(name in ("AsyncVectorEnv",) or "Pool" in name for name in classes):
+        return None
+    return f"env stepping takes {share:.0f}% of the time through {', '.join(classes) or 'gymnasium envs'}"
+
+
+def _forloop_optimizer(d: dict[str, Any]) -> str | None:
+    loops = [o["class"] for o in d["loop"]["optimizers"] if o["impl"] == "for-loop" and o["class"] in ("Adam", "AdamW", "SGD")]
+    if not loops or d["phases"]["update"] < 20:
+        return None
+    return f"the update takes {d['phases']['update']:.0f}% of the time with {', '.join(loops)} in its for-loop implementation"
+
+
+def _many_kernels(d: dict[str, Any]) -> str | None:
+    loop = d["loop"]
+    if loop["frames_compiled"] or loop["kernels_per_env_step"] < 20 or d["phases"]["update"] < 30:
+        return None
+    return (f"{loop['kernels_per_env_step']:.0f} kernels per env step, uncompiled, with the update at "
+            f"{d['phases']['update']:.0f}% of the time")
+
+
+def _graph_breaks(d: dict[str, Any]) -> str | None:
+    loop = d["loop"]
+    if not loop["graph_breaks"] and not loop["recompiles"]:
+        return None
+    return f"torch.compile: {loop['graph_breaks']} graph breaks, {loop['recompiles']} recompiles during the diagnosis"
+
+
+def _transfer(d: dict[str, Any]) -> str | None:
+    share = d["phases"]["transfer"]
+    if share < 15 or not d["device"].startswith("cuda"):
+        return None
+    return f"host->device copies take {share:.0f}% of the time on {d['device']}"
+
+
+def _cuda_update(d: dict[str, Any]) -> str | None:
+    if not d["device"].startswith("cuda") or d["phases"]["update"] < 30:
+        return None
+    return f"the update takes {d['phases']['update']:.0f}% of the time on {d['device']}"
+
+
+def _threads(d: dict[str, Any]) -> str | None:
+    loop = d["loop"]
+    busy = d["phases"]["inference"] + d["phases"]["update"]
+    if not d["device"].startswith("cpu") or loop["torch_threads"] <= 1 or busy < 30:
+        return None
+    return (f"{loop['torch_threads']} torch threads on small tensors, inference and update at {busy:.0f}% of the "
+            "time (thread hand-offs can cost more than they share)")
+
+
+def _replay_conversions(d: dict[str, Any]) -> str | None:
+    per = d["loop"]["host_tensors_per_update"]
+    if per < 8:
+        return None
+    return f"{per:.0f} tensors made from NumPy data per optimizer step on the way into it (a sample at a time)"
+
+
+RULES: list[Rule] = [
+    Rule("per_env_inference", "batched inference: one forward over all envs per step, actions copied to the host "
+         "once", "batch_inference", _per_env_forward, "batched: {batched_inference: true}",
+         "one forward and one host copy per vector step instead of one per env: the per-call overhead (Python, dispatch, kernel launches) is paid once"),
+    Rule("item_per_step", "sync-free logging: keep statistics in device tensors, one .item() per log interval",
+         "sync_free_logging", _item_syncs, "sync_free: {sync_free_logging: true}",
+         "each .item() waits for the device and costs a Python round-trip; device-side accumulators pay it once per interval"),
+    Rule("host_copies", "keep actions and statistics on the device until one batched host copy per step",
+         "batch_inference", _host_copies, "one_copy: {one_host_copy: true}",
+         "every host copy synchronises with the device; one copy per step is the minimum an env step needs"),
+    Rule("float64", "float32 at the source: dtype=torch.float32 where a tensor is made from NumPy data (or "
+         ".astype(np.float32)); float64 doubles memory traffic and does not run on MPS", None, _float64,
+         "float32: {float32_inputs: true}",
+         "float64 kernels are slower and twice the bytes; MPS has no float64 and raises on it"),
+    Rule("env_bound", "a vector env backend that steps envs in parallel or natively (gymnasium AsyncVectorEnv, "
+         "an env's own vectorised step, EnvPool)", "vectorization", _env_bound, "async_envs: {vectorization: async}",
+         "the envs step one after another in this process; another backend steps them in parallel or in one native call"),
+    Rule("forloop_optimizer", "fused Adam: torch.optim.Adam(..., fused=True) (foreach=True where fused is not "
+         "available)", "optimizer_impl", _forloop_optimizer, "fused_adam: {fused_adam: true}",
+         "the for-loop Adam launches several kernels per parameter tensor; fused runs one kernel over all of them"),
+    Rule("uncompiled_update", "torch.compile the update step (measure it: compiled tiny networks can be slower "
+         "on a CPU)", "compile_train_step", _many_kernels, "compiled: {compile_update: true}",
+         "compilation fuses the update's many small kernels and removes their Python dispatch"),
+    Rule("graph_breaks", "remove the graph breaks (print, .item(), data-dependent branches inside the compiled "
+         "function) so the compiled region stays whole", None, _graph_breaks, "no_breaks: {}",
+         "each graph break splits the compiled region and returns to Python; each recompile pays compilation again"),
+    Rule("transfer", "pinned host buffers and .to(device, non_blocking=True)", "pinned_memory", _transfer,
+         "pinned: {pinned_memory: true}",
+         "pageable copies are staged and block; pinned memory lets the copy overlap with compute"),
+    Rule("cuda_update", "AMP (bfloat16 autocast) and TF32 matmuls for the update on CUDA", "amp", _cuda_update,
+         "amp: {amp: true}",
+         "tensor cores run bfloat16/TF32 matmuls several times faster than float32"),
+    Rule("threads", "torch.set_num_threads(1) in the factory (or the count of free cores)", "torch_threads",
+         _threads, "one_thread: {torch_threads: 1}",
+         "small ops do not split across threads profitably; the hand-offs and neighbours' load cost more"),
+    Rule("per_sample_replay", "tensor replay: preallocated tensors, indices sampled with torch.randint, one "
+         "gather per minibatch", "replay", _replay_conversions, "tensor_replay: {tensor_replay: true}",
+         "one tensor per sample means one conversion and allocation per sample; a preallocated buffer gathers a minibatch in one op"),
+]
+
+
+def recommend(d: dict[str, Any], target: str, figures: list[Figure] | None = None) -> list[dict[str, str]]:
+    """Every rule whose finding shows, in table order, as ``{rule, change, why, evidence, effect, check}``."""
+    figures = reference_figures() if figures is None else figures
+    found = []
+    for rule in RULES:
+        evidence = rule.evidence(d)
+        if evidence is None:
+            continue
+        flag = rule.flag
+        check = (f"rlgauge run {target} --variant {_flag_variant(flag)}" if d["kind"] == "preset" else
+                 f"add under variants: in your YAML `{rule.variant}` (a switch your factory reads), then "
+                 f"rlgauge run {target} --variant both")
+        found.append({"rule": rule.name, "change": rule.change, "why": rule.why, "evidence": evidence,
+                      "effect": effect_of(flag, d["device"], figures), "check": check})
+    return found
+
+
+def _flag_variant(flag: str | None) -> str:
+    """``--variant both``, or the baseline with the flag at its optimised value (the flag registry's)."""
+    from reference_trainers.config.flags import REGISTRY
+
+    entry = REGISTRY.get(_dotted(flag)) if flag is not None else None
+    if entry is None:
+        return "both"
+    values = list(entry.optimised)
+    value = next((v for v in ("fused", "native") if v in values), values[0] if values else None)
+    shown = str(value).lower() if isinstance(value, bool) else value
+    return f"baseline --set {_dotted(flag)}={shown} (or --variant both)"
+
+
+def _dotted(flag: str) -> str:
+    return f"env.{flag}" if flag == "vectorization" else f"optimizations.{flag}"

@@ -1,0 +1,63 @@
+"""The diagnosis as a readable report (``rlgauge diagnose`` without ``--json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.diagnosis.frames import short
+from harness.diagnosis.phases import SHOWN_PHASES
+
+_PROBE_ORDER = ("env", "inference", "update", "transfer", "logging", "other")
+
+
+def _split(shares: dict[str, float], order: tuple[str, ...]) -> str:
+    return ", ".join(f"{name} {shares.get(name, 0.0):.1f}%" for name in order)
+
+
+def report_lines(d: dict[str, Any]) -> list[str]:
+    """Phases, host syncs, float64, loop shape, recommendations and the hooks' overhead, as lines."""
+    loop, over = d["loop"], d["overhead"]
+    what = f"your trainer {d['trainer']}" if d["kind"] == "trainer" else f"{d['preset']}"
+    lines = [f"diagnosed: {what} ({d['variant']}) on {d['device']}, {d['env_steps']['hooked']:,} env steps with the "
+             "phase hooks on, one iterate() audited for syncs, float64 and kernels",
+             "phases found by the hooks (% of iterate() wall time): " + _split(d["phases"], SHOWN_PHASES)]
+    if d.get("probe_phases"):
+        lines.append("phases the trainer reports to the probe:       " + _split(d["probe_phases"], _PROBE_ORDER))
+    lines.append(f"host syncs per env step: {sum(s['per_env_step'] for s in d['host_syncs']):.2f}"
+                 + ("" if d["host_syncs"] else " (none)"))
+    lines += [f"  {s['per_env_step']:8.3f}  {s['kind']:<28} {short(s['where'])}" for s in d["host_syncs"][:10]]
+    if len(d["host_syncs"]) > 10:
+        lines.append(f"  ... {len(d['host_syncs']) - 10} more sites (--json lists them all)")
+    lines.append(f"float64 ops: {sum(f['count'] for f in d['float64'])}" + ("" if d["float64"] else " (none)"))
+    lines += [f"  {f['count']:8d}  {f['op']:<28} {short(f['where'])}" for f in d["float64"][:10]]
+    opts = ", ".join(f"{o['class']} ({o['impl']})" for o in loop["optimizers"]) or "none stepped"
+    lines += [
+        f"loop shape: {d['forwards_per_env_step']:.3f} inference forwards and "
+        f"{loop['update_forwards_per_env_step']:.3f} update forwards per env step (outermost modules; "
+        f"{d['rows_per_inference_forward']:.1f} rows per inference forward); "
+        f"{loop['kernels_per_env_step']:.1f} kernels per env step; optimizer: {opts}; torch threads: "
+        f"{loop['torch_threads']}; envs: {', '.join(loop['env_classes']) or 'none seen'}",
+        f"compile: {loop['frames_compiled']} frames compiled, {loop['graph_breaks']} graph breaks and "
+        f"{loop['recompiles']} recompiles while diagnosed",
+    ]
+    if over["hooks_pct"] is not None:
+        audit = over["audit_env_steps_per_sec"]
+        lines.append(f"overhead: {over['plain_env_steps_per_sec']:,.0f} env steps/s without hooks, "
+                     f"{over['hooked_env_steps_per_sec']:,.0f} with the phase hooks ({over['hooks_pct']:+.0f}% time)"
+                     + (f", {audit:,.0f} in the audit" if audit else "")
+                     + "; no figure of run or gate is taken with them")
+    if d.get("env_ceiling_steps_per_sec"):
+        fraction = d.get("fraction_of_ceiling")
+        lines.append(f"env-only ceiling (random actions, same backend and envs): {d['env_ceiling_steps_per_sec']:,.0f} "
+                     "env steps/s" + (f"; the pass without hooks reaches {100 * fraction:.1f}% of it" if fraction else ""))
+    if d.get("ran_out"):
+        lines.append("note: the trainer ran out of iterations before the passes were complete")
+    lines.append("recommendations:" if d["recommendations"] else
+                 "recommendations: none (no finding behind any rule)")
+    for rec in d["recommendations"]:
+        lines += [f"  - {rec['change']}", f"      finding: {rec['evidence']}", f"      why: {rec['why']}",
+                  f"      measured: {rec['effect']}", f"      check: {rec['check']}"]
+    if d.get("flag_advice"):
+        lines.append("flag advice (the preset's flags, from the probe's split):")
+        lines += [f"  - [{a['rule']}] {a['advice']}" for a in d["flag_advice"]]
+    return lines

@@ -1,0 +1,189 @@
+"""``rlgauge diagnose`` on any trainer: phase hooks, host syncs and float64 with their lines, rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main
+from harness.diagnosis.phases import LoopCounters, PhaseClock, hooks
+
+TESTS = Path(__file__).parent
+PLANTED_YAML = """\
+trainer: planted_trainer:make_trainer
+config: {num_envs: 4, num_steps: 8}
+variants:
+  baseline: {float64_rewards: true, item_per_env: true, per_env_forward: true}
+  optimized: {}
+run: {steps: 96, warmup_steps: 32, repeats: 1}
+"""
+
+
+@pytest.fixture()
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(TESTS))
+    path = tmp_path / "planted.yaml"
+    path.write_text(PLANTED_YAML)
+    return path
+
+
+def _diagnose(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    code = main(["diagnose", *argv, "--json", "--no-compile-check"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)["diagnosis"] if out.strip() else {}
+
+
+def test_planted_problems_are_found_at_their_lines_with_their_recommendations(
+        planted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planted_trainer import planted_line
+
+    code, d = _diagnose(capsys, "--trainer", "planted_trainer:make_trainer", "--config", str(planted),
+                        "--variant", "baseline")
+    assert code == 0
+    item_line = planted_line("self.total_reward += reward_t[i].item()")
+    items = [s for s in d["host_syncs"] if s["kind"] == ".item()" and s["where"].endswith(f"planted_trainer.py:{item_line}")]
+    assert len(items) == 1 and items[0]["per_env_step"] == pytest.approx(1.0)
+    float64_line = planted_line("reward_t = torch.tensor(reward)  # float64")
+    assert d["float64"][0]["where"].endswith(f"planted_trainer.py:{float64_line}")
+    assert d["float64"][0]["op"] == "lift_fresh"
+    assert d["forwards_per_env_step"] == pytest.approx(1.0)
+    forward_line = planted_line("logits = torch.cat([self.policy(obs[i:i + 1])")
+    assert d["inference_forward_sites"][0].endswith(f"planted_trainer.py:{forward_line}")
+    rules = {r["rule"] for r in d["recommendations"]}
+    per_env = next(r for r in d["recommendations"] if r["rule"] == "per_env_inference")
+    assert f"planted_trainer.py:{forward_line}" in per_env["evidence"]
+    assert {"per_env_inference", "item_per_step", "float64"} <= rules
+    for rec in d["recommendations"]:
+        assert rec["change"] and rec["why"] and rec["evidence"] and rec["check"] and rec["effect"]
+
+
+def test_a_clean_trainer_gets_none_of_the_planted_findings(planted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = _diagnose(capsys, "--trainer", "planted_trainer:make_trainer", "--config", str(planted),
+                        "--variant", "optimized")
+    assert code == 0
+    assert d["float64"] == [] and d["forwards_per_env_step"] == pytest.approx(0.25)  # one forward per 4 envs
+    assert not [s for s in d["host_syncs"] if s["kind"] == ".item()" and s["per_env_step"] >= 0.25]
+    assert not {"per_env_inference", "item_per_step", "float64"} & {r["rule"] for r in d["recommendations"]}
+
+
+def test_a_trainer_file_is_diagnosed_through_the_same_path(planted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = _diagnose(capsys, str(planted), "--variant", "baseline")
+    assert code == 0 and d["kind"] == "trainer" and d["float64"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["ppo-cartpole", "dqn-cartpole"])
+def test_hook_split_agrees_with_the_probe_within_10_points_on_the_baselines(
+        preset: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, d = _diagnose(capsys, preset, "--variant", "baseline", "--steps", "4096")
+    assert code == 0
+    probe = dict(d["probe_phases"])
+    probe["other"] += probe.pop("logging")
+    assert {name: abs(d["phases"][name] - probe[name]) for name in probe} == pytest.approx(
+        dict.fromkeys(probe, 0.0), abs=10.0)
+
+
+def test_outermost_phase_wins_and_hooks_are_removed_after() -> None:
+    clock, counters = PhaseClock(), LoopCounters()
+    inner = torch.nn.Linear(2, 2)
+    outer = torch.nn.Sequential(inner, torch.nn.Tanh())
+    with hooks(clock, counters):
+        clock.enabled = True
+        with torch.no_grad():
+            outer(torch.ones(1, 2))
+        loss = outer(torch.ones(1, 2)).sum()
+        loss.backward()
+    assert counters.forwards == {"inference": 1, "update": 1}  # the nested Linear is not counted
+    assert clock.seconds["inference"] > 0 and clock.seconds["update"] > 0
+    before = dict(clock.seconds)
+    outer(torch.ones(1, 2))
+    assert clock.seconds == before  # the global hooks are gone
+    assert not hasattr(torch.Tensor.backward, "__wrapped__") and not hasattr(torch.autograd.backward, "__wrapped__")
+
+
+def test_a_trainer_that_raises_is_one_line_with_what_was_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "breaks.py").write_text(
+        "import torch\n"
+        "class T:\n"
+        "    calls = 0\n"
+        "    def iterate(self):\n"
+        "        self.calls += 1\n"
+        "        if self.calls > 3:\n"
+        "            raise RuntimeError('simulator lost')\n"
+        "        torch.ones(3).sum().item()\n"
+        "        return 8\n"
+        "    def close(self):\n"
+        "        pass\n"
+        "def make_trainer(config, *, device, seed):\n"
+        "    return T()\n")
+    code = main(["diagnose", "--trainer", "breaks:make_trainer", "--steps", "16", "--set", "run.warmup_steps=8",
+                 "--no-compile-check"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.strip().splitlines()[-1] == (
+        "rlgauge: your trainer breaks:make_trainer raised during the diagnosis: RuntimeError: simulator lost")
+    assert "phases found by the hooks" in captured.out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trainer", "nowhere_module:make"], "no module named 'nowhere_module'"),
+    (["--trainer", "planted_trainer:missing"], "has no attribute 'missing'"),
+])
+def test_diagnose_bad_trainer_exits_2_with_one_line(planted: Path, capsys: pytest.CaptureFixture[str],
+                                                    argv: list[str], message: str) -> None:
+    code = main(["diagnose", *argv, "--no-compile-check"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+
+def test_host_syncs_are_counted_by_kind_at_the_users_line() -> None:
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import BRANCH, DATA_SHAPE, HOST_COPY, ITEM, HostSyncFinder
+
+    t = torch.arange(4.0)
+    finder = HostSyncFinder(torch.device("cpu"), SiteFinder())
+    with finder:
+        t.sum().item()
+        t.numpy()
+        if t.sum() > 0:
+            t[t > 1].nonzero()
+    kinds = {kind for kind, where in finder.sites if where.startswith(__file__ + ":")}
+    assert kinds == {ITEM, HOST_COPY, BRANCH, DATA_SHAPE}
+    assert t.cpu() is t and not [k for k, _ in finder.sites if k == '.to("cpu")']  # free on the CPU: not counted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's sync debug mode needs a CUDA device")
+def test_cuda_sync_debug_mode_reports_syncs_at_the_users_line() -> None:
+    from collections import Counter
+
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import CUDA_SYNC, cuda_sync_warnings
+
+    sites: Counter = Counter()
+    before = torch.cuda.get_sync_debug_mode()
+    with cuda_sync_warnings(torch.device("cuda"), SiteFinder(), sites):
+        torch.ones(3, device="cuda").sum().item()
+    assert [where for kind, where in sites if kind == CUDA_SYNC][0].startswith(__file__ + ":")
+    assert torch.cuda.get_sync_debug_mode() == before
+
+
+def test_a_recommendations_effect_is_a_measured_figure_for_this_kind_of_device_or_says_there_is_none(
+        tmp_path: Path) -> None:
+    from harness.diagnosis.recommendations import effect_of, reference_figures
+
+    doc = tmp_path / "analysis.md"
+    doc.write_text("Measured 2026-01-02 on a 2-core Test (x86-64) CPU, torch 2.13.0+cpu\n\n`ppo-cartpole`:\n\n"
+                   "| rank | flag | value | alone | stack | verdict |\n|---|---|---|---|---|---|\n"
+                   "| 1 | `batch_inference` | False -> True | 2.50x [2.40-2.60] | 1.20x [1.1-1.3] | helps |\n")
+    figures = reference_figures(doc)
+    assert "2.50x [2.40-2.60]" in effect_of("batch_inference", "cpu", figures)
+    assert "measured 2026-01-02 on a 2-core Test (x86-64) CPU" in effect_of("batch_inference", "cpu", figures)
+    assert effect_of("batch_inference", "cuda:0", figures).startswith("no figure")
+    assert effect_of("optimizer_impl", "cpu", figures).startswith("no figure")
+    assert effect_of(None, "cpu", figures).startswith("no speed figure")

@@ -1,0 +1,167 @@
+"""The rough edges of measuring a user's script: generators, threads, running out, stdout,
+unstable runs named at their line, and ``measure`` without re-indenting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+SCRIPT = textwrap.dedent('''
+    import numpy as np
+    import torch
+
+    SEEN_THREADS = []
+
+    def train(config, *, device, seed):
+        """A single-file script's main block turned into a generator: no line re-indented."""
+        net = torch.nn.Linear(4, 2)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        for update in range(config.get("iterations", 10**6)):
+            if update == 0 and config.get("threads"):
+                torch.set_num_threads(config["threads"])
+            SEEN_THREADS.append(torch.get_num_threads())
+            reward = np.ones(8)  # float64, as gymnasium's rewards
+            if config.get("float64"):
+                r = torch.tensor(reward)
+            else:
+                r = torch.tensor(reward, dtype=torch.float32)
+            loss = (net(torch.randn(8, 4)).sum(1) * r.float()).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print("SPS:", update)
+            yield 8
+''')
+FLOAT64_LINE = SCRIPT.splitlines().index("            r = torch.tensor(reward)") + 1
+RUN = ["--set", "run.steps=32", "--set", "run.warmup_steps=8", "--repeats", "3"]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    sys.modules.pop("script", None)
+    yield tmp_path
+    sys.modules.pop("script", None)
+
+
+def _settings(path: Path, **config: object) -> Path:
+    path.write_text(json.dumps(config))  # YAML reads JSON
+    return path
+
+
+def test_a_generator_factory_is_a_trainer_and_running_out_after_the_repeats_is_not_a_failure(
+        project: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    # warm-up: 1 call; 3 repeats of 4 calls: 13 calls, then the checked iteration finds it exhausted
+    config = _settings(project / "c.yaml", iterations=13)
+    code = main(["run", "--trainer", "script:train", "--config", str(config), *RUN, "--out", "r.json", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    (run,) = json.loads((project / "r.json").read_text())["runs"]
+    assert run["status"] == "ok" and run["steps_completed"] == 96
+    assert "ran out of iterations" in run["stability"]["sentinel_skipped"]
+    assert "ran out of iterations (iterate() raised StopIteration) after 104 env steps" in caplog.text
+
+
+def test_a_generator_that_runs_out_before_its_repeats_is_a_failure_naming_it(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _settings(project / "c.yaml", iterations=3)
+    code = main(["run", "--trainer", "script:train", "--config", str(config), *RUN, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and "TrainerExhausted: your trainer script:train ran out of iterations" in err
+
+
+def test_threads_set_inside_iterate_are_kept_and_warned_about(project: Path, capsys: pytest.CaptureFixture[str],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    from reference_trainers.runtime import device as dev
+
+    before, wanted = torch.get_num_threads(), dev.DEFAULT_THREADS + 1  # never the default the factory leaves
+    config = _settings(project / "c.yaml", threads=wanted)
+    assert main(["run", "--trainer", "script:train", "--config", str(config), *RUN, "--out", "r.json",
+                 "--quiet"]) == 0
+    import script
+
+    assert set(script.SEEN_THREADS) == {wanted}  # never put back before a later call
+    (run,) = json.loads((project / "r.json").read_text())["runs"]
+    assert run["machine"]["torch_threads"] == wanted
+    assert f"set torch threads to {wanted} inside iterate()" in caplog.text
+    assert torch.get_num_threads() == before  # the process's own setting is restored after the run
+
+
+def test_quiet_keeps_the_trainers_prints_out_of_the_console_in_a_file_the_result_names(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--trainer", "script:train", *RUN, "--out", "r.json", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "SPS:" not in out and "SPS:" not in err
+    (run,) = json.loads((project / "r.json").read_text())["runs"]
+    captured = Path(run["trainer_stdout"])
+    assert captured == Path("r.json.stdout.txt") and "SPS: 0" in captured.read_text()
+    assert f"is in {captured}" in err
+
+
+def test_an_unstable_run_names_its_first_float64_line_in_run_compare_and_gate(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _settings(project / "c.yaml", float64=True)
+    for out in ("a.json", "b.json"):
+        assert main(["run", "--trainer", "script:train", "--config", str(config), *RUN, "--out", out, "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert f"first: aten.lift_fresh.default at {project / 'script.py'}:{FLOAT64_LINE}" in err
+    assert main(["compare", "a.json", "b.json"]) == 0
+    compared = " ".join(capsys.readouterr().out.split())
+    assert "confirmed" not in compared and "no verdict" in compared
+    assert main(["gate", "--baseline", "a.json", "--candidate", "b.json", "--allow-untrustworthy"]) == 1
+    gated = capsys.readouterr()
+    assert "rlgauge: gate failed" in gated.err
+
+
+def test_gate_does_not_judge_a_rate_of_an_unstable_run_and_names_the_float64_site() -> None:
+    from results_factory import make_result
+
+    from harness.analyses.gate import Thresholds, stability_checks, throughput_checks
+    from harness.stats.compare import Pair
+
+    base = make_result("baseline", [1000.0, 1000.0, 1000.0])
+    cand = make_result("baseline", [500.0, 510.0, 505.0], status="unstable", float64_ops=4)
+    cand.stability["float64_first_site"] = "aten.lift_fresh.default at train.py:207"
+    (check,) = throughput_checks(Pair(base, cand, paired=False), Thresholds())
+    assert check.passed is False and check.note == "not judged: the candidate run is unstable"
+    float64 = next(c for c in stability_checks(cand, Thresholds()) if c.check == "float64_ops")
+    assert float64.note == "first: aten.lift_fresh.default at train.py:207"
+    (fine,) = throughput_checks(Pair(base, make_result("baseline", [990.0, 1000.0, 1010.0]), paired=False),
+                                Thresholds())
+    assert "not judged" not in fine.note
+
+
+def test_the_float32_fix_of_that_line_passes(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--trainer", "script:train", *RUN, "--out", "a.json", "--quiet"]) == 0
+
+
+def test_measure_start_stop_needs_no_reindenting_and_prints_its_status(project: Path) -> None:
+    script = textwrap.dedent('''
+        import numpy as np, torch
+        from harness import measure
+        m = measure("loop", out="m.json", steps_per_repeat=16, warmup_steps=8).start()
+        for update in range(12):
+            x = torch.tensor(np.ones(4))
+            m.steps(8)
+        if "--stop" in __import__("sys").argv:
+            m.stop()
+    ''')
+    (project / "loop.py").write_text(script)
+    for argv in (["--stop"], []):  # stopped by hand, or at the interpreter's exit
+        done = subprocess.run([sys.executable, "loop.py", *argv], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "rlgauge: measure loop (config): unstable" in done.stderr
+        assert f"first: aten.lift_fresh.default at {project / 'loop.py'}:6" in done.stderr
+        (run,) = json.loads((project / "m.json").read_text())["runs"]
+        assert run["status"] == "unstable" and len(run["metrics"]["env_steps_per_sec"]["samples"]) == 5
