@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.cli.options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from harness.errors import UserError
 from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
+from harness.analyses.learn_verdicts import DEFAULT_MARGIN_PCT
 from harness.specs.presets import VARIANTS, specs_for
 from harness.results import save_results
 from harness.specs.run_size import MAX_ENV_STEPS, MAX_RUNS, check_size, size_of
@@ -93,14 +94,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: calibrate-PRESET/)")
     calibrate.add_argument("--quiet", action="store_true", help="no progress bar or time estimate")
 
-    learn = sub.add_parser("learn", help="learning curves of both variants (and a peer) over seeds, with a verdict",
-                           description="Train a preset's baseline and optimized variants (and a peer library with "
-                                       "--peer) interleaved, over several seeds, and write their learning curves "
-                                       "(median and interquartile band), a chart and a verdict per comparison: the "
-                                       "bootstrap interval of the difference in final return and in area under the "
-                                       "curve. Exit 1 when a comparison learns less.")
-    learn.add_argument("target", metavar="PRESET|FILE.yaml",
-                       help="a preset name (see 'rlgauge presets') or a YAML config file with baseline and optimized")
+    learn = sub.add_parser("learn", help="learning curves of a trainer's variants (and a peer) over seeds, with verdicts",
+                           description="Train a preset's baseline and optimized variants (or your trainer's "
+                                       "variants, or several presets at once; a peer library with --peer) "
+                                       "interleaved, over several seeds, and write their learning curves, a chart "
+                                       "and verdicts: the interquartile-mean difference in final return and in area "
+                                       "under the curve with its stratified bootstrap interval, judged against a "
+                                       "margin ('same learning', 'learns less', 'learns more' or 'inconclusive'). "
+                                       "Exit 1 when a comparison learns less (--strict: or is inconclusive).")
+    learn.add_argument("target", nargs="?", metavar="PRESET[,PRESET...]|FILE.yaml",
+                       help="presets (see 'rlgauge presets'; several are pooled with normalised scores) or a YAML "
+                            "file with baseline and optimized variants, or naming your trainer: MODULE:ATTRIBUTE")
+    learn.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",
+                       help="learn with your own trainer: a factory make_trainer(config, *, device, seed) whose "
+                            "trainer has mean_recent_return() (docs/own-trainer.md)")
+    learn.add_argument("--config", type=Path, metavar="FILE.yaml", help="with --trainer: its settings and variants")
     learn.add_argument("--peer", metavar="NAME", help="also train a peer library on matched settings (sb3: "
                        "Stable-Baselines3; needs pip install 'rlgauge[peers]')")
     learn.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
@@ -109,6 +117,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     learn.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S",
                        help=f"env steps each arm trains for, per seed (default: {DEFAULT_STEPS:,})")
     learn.add_argument("--seed", type=int, default=1, metavar="FIRST", help="the first seed (default: 1)")
+    learn.add_argument("--margin", metavar="PCT|METRIC=PCT,...",
+                       help="'same learning' needs the whole interval within +-PCT %% of the second arm's score "
+                            f"(default: {', '.join(f'{m} {v:g}' for m, v in DEFAULT_MARGIN_PCT.items())}; "
+                            "docs/analysis.md says how they were measured)")
+    learn.add_argument("--strict", action="store_true", help="also exit 1 when a comparison is inconclusive")
+    learn.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
+                       help="where the seeds run: here one after another (default), or as Ray tasks, one seed with "
+                            "all its arms per task (needs pip install 'rlgauge[ray]'; docs/campaigns.md)")
+    learn.add_argument("--cpus-per-job", type=int, default=1, metavar="N",
+                       help="whole CPUs each Ray task holds; torch's threads in it are capped to them (default: 1)")
+    learn.add_argument("--from", dest="from_file", type=Path, metavar="learn.json",
+                       help="judge a recorded campaign again (e.g. with another --margin) instead of training")
     learn.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value of every arm, e.g. --set env.num_envs=8 (repeatable)")
     learn.add_argument("--device", help=DEVICE_HELP)
@@ -264,41 +284,61 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from harness.analyses import learn
+    from harness.analyses import learn, learn_report
+    from harness.analyses.learn_verdicts import no_verdict, parse_margins
+    from harness.campaigns.executors import parse_executor
     from harness.measurement.interrupts import stop_on_signals
     from harness.stats.power import MIN_REPEATS
     from harness.results import check_output_dir
 
+    margins = parse_margins(args.margin)
+    say = _say(args)
+    if args.from_file is not None:
+        data = learn_report.judge(learn_report.load_summary(args.from_file), margins)
+        print(learn_report.markdown(data), end="")
+        return _learn_exit(data, args, [])
+    executor = parse_executor(args.executor)
+    if args.cpus_per_job < 1:
+        raise UserError(f"--cpus-per-job {args.cpus_per_job}: accepted: a whole number of CPUs, 1 or more")
     # learn's --steps and --seed are its budget and first seed, not run.steps and seed
     overrides = user_overrides(argparse.Namespace(**{**vars(args), "steps": None, "seed": None}))
-    plan = learn.plan_learning(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
-                               first_seed=args.seed)
-    out = check_output_dir(args.out or Path(f"learn-{plan.preset}"), files=learn.FILES)
-    say = _say(args)
-    say(f"learn {plan.preset}: {', '.join(arm.name for arm in plan.arms)} interleaved, {len(plan.seeds)} seeds x "
-        f"{plan.steps:,} env steps each, on {plan.arms[0].resolutions[0].device}")
+    plans = learn.plan_campaign(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
+                                first_seed=args.seed, trainer=args.trainer, config=args.config)
+    name = ",".join(plan.preset for plan in plans)
+    out = check_output_dir(args.out or Path(f"learn-{name.replace(',', '+')}"), files=learn_report.FILES)
+    plan = plans[0]
+    say(f"learn {name}: {', '.join(arm.name for arm in plan.arms)} interleaved, {len(plan.seeds)} seeds x "
+        f"{plan.steps:,} env steps each, on {plan.arms[0].resolutions[0].device}, executor {args.executor}")
     if len(plan.seeds) < MIN_REPEATS:
-        print(f"rlgauge: note: the verdicts will read '{learn.no_verdict(len(plan.seeds))}'; learn with --seeds "
+        print(f"rlgauge: note: the verdicts will read '{no_verdict(len(plan.seeds))}'; learn with --seeds "
               f"{MIN_REPEATS} or more", file=sys.stderr)
     with stop_on_signals() as signals:  # Ctrl-C: stop, then write what was recorded (not cut short)
-        record = learn.run_learning(plan, show_progress=not args.quiet and sys.stderr.isatty())
+        record = learn.run_campaign(plans, executor, cpus_per_job=args.cpus_per_job,
+                                    on_seed=lambda job, _result: say(f"learn: {job.name} done"))
         signals.hold()
-        data = learn.summary(plan, record)
-        learn.write_outputs(out, data)
-    print(learn.markdown(data), end="")
+        data = learn_report.summary(plans, record, margins)
+        learn_report.write_outputs(out, data)
+    print(learn_report.markdown(data), end="")
     if record.interrupted:
         print(f"rlgauge: interrupted; what was recorded is written to {out}/", file=sys.stderr)
         return EXIT_INTERRUPTED
-    say(f"learning written to {out}/ ({', '.join(learn.FILES)})")
+    say(f"learning written to {out}/ ({', '.join(learn_report.FILES)})")
     for reason in record.quality.get("reasons", []):
-        print(f"rlgauge: warning: {plan.preset}: wall seconds not trustworthy: {reason}", file=sys.stderr)
-    less = learn.failed_verdicts(data)
-    if less:
-        print(f"rlgauge: learns less: {', '.join(less)}", file=sys.stderr)
-        after = plan.seeds[-1] + 1
-        print(f"rlgauge: note: a batch of seeds can be lucky or not; before calling the gap real, check it on "
-              f"other seeds: --seed {after} --seeds {len(plan.seeds)}", file=sys.stderr)
-    return EXIT_CHECK_FAILED if less or learn.failed_curves(data) else EXIT_OK  # a failed run was logged as it failed
+        print(f"rlgauge: warning: {name}: wall seconds not trustworthy: {reason}", file=sys.stderr)
+    return _learn_exit(data, args, plan.seeds)
+
+
+def _learn_exit(data: dict, args: argparse.Namespace, seeds: list[int]) -> int:
+    """Exit 1 on "learns less" (``--strict``: also on inconclusive) or a failed run, naming them."""
+    from harness.analyses import learn_report
+
+    failed = learn_report.failed_verdicts(data, strict=args.strict)
+    if failed:
+        print(f"rlgauge: {'not shown alike' if args.strict else 'learns less'}: {'; '.join(failed)}", file=sys.stderr)
+        if seeds:
+            print(f"rlgauge: note: a batch of seeds can be lucky or not; before calling a gap real, check it on "
+                  f"other seeds: --seed {seeds[-1] + 1} --seeds {len(seeds)}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if failed or learn_report.failed_curves(data) else EXIT_OK  # failed runs were logged
 
 
 def _note_no_power(specs: list, what: str) -> None:
