@@ -43,8 +43,9 @@ def head_endpoint(address: str) -> tuple[str, int]:
     return host, int(port) if port else (CLIENT_PORT if client else DEFAULT_PORT)
 
 
-def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """``UserError`` unless a TCP connection to the head opens within ``timeout_s``."""
+def check_reachable(address: str, timeout_s: float | None = None) -> None:
+    """``UserError`` unless a TCP connection to the head opens within ``timeout_s`` (``CONNECT_TIMEOUT_S``)."""
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
     host, port = head_endpoint(address)
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
@@ -70,8 +71,8 @@ class RayExecutor:
     def __init__(self, address: str | None) -> None:
         self.ray = _require_ray()
         self.address = address
-        if address is not None and address != "auto":
-            head_endpoint(address)  # a malformed address fails before anything runs
+        if address is not None and address != "auto" and not self.ray.is_initialized():
+            check_reachable(address)  # a malformed or silent address fails before anything runs
 
     @property
     def label(self) -> str:
@@ -82,8 +83,6 @@ class RayExecutor:
         ray = self.ray
         if ray.is_initialized():
             return False
-        if self.address is not None and self.address != "auto":
-            check_reachable(self.address)
         runtime_env = None
         if self.address is None and not os.environ.get("RAY_ADDRESS"):
             # a local Ray's workers import the user's trainer module from where the command runs

@@ -297,9 +297,9 @@ def cmd_learn(args: argparse.Namespace) -> int:
         data = learn_report.judge(learn_report.load_summary(args.from_file), margins)
         print(learn_report.markdown(data), end="")
         return _learn_exit(data, args, [])
-    executor = parse_executor(args.executor)
     if args.cpus_per_job < 1:
         raise UserError(f"--cpus-per-job {args.cpus_per_job}: accepted: a whole number of CPUs, 1 or more")
+    executor = parse_executor(args.executor)
     # learn's --steps and --seed are its budget and first seed, not run.steps and seed
     overrides = user_overrides(argparse.Namespace(**{**vars(args), "steps": None, "seed": None}))
     plans = learn.plan_campaign(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,

@@ -1,0 +1,89 @@
+"""Campaign executors: local and Ray run the same jobs to the same results, keep what finished, refuse bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from harness.campaigns.executors import LocalExecutor, parse_executor
+from harness.campaigns.jobs import Job
+from harness.cli import main
+from harness.errors import UserError
+
+TINY_SETS = [a for item in TINY for a in ("--set", item)]
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _interrupt(x: int) -> int:
+    raise KeyboardInterrupt
+
+
+def test_local_executor_keeps_the_jobs_that_finished_when_interrupted() -> None:
+    jobs = [Job("a", _square, (2,)), Job("b", _square, (3,)), Job("c", _interrupt, (0,)), Job("d", _square, (4,))]
+    seen: list[str] = []
+    gathered = LocalExecutor().run(jobs, on_result=lambda job, _r: seen.append(job.name))
+    assert gathered.interrupted and gathered.results == {"a": 4, "b": 9} and seen == ["a", "b"]
+    assert gathered.in_order(jobs) == [4, 9] and set(gathered.hosts) == {"a", "b"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dask", "--executor dask: unknown executor; accepted: local | ray | ray:ADDRESS"),
+    ("ray:", "--executor ray:: unknown executor"),
+    ("ray:host:notaport", "not an address; accepted: ray:HOST:PORT"),
+])
+def test_an_unknown_executor_or_address_is_refused(text: str, message: str) -> None:
+    pytest.importorskip("ray")
+    with pytest.raises(UserError, match=message.replace("|", r"\|").replace("(", r"\(")):
+        parse_executor(text)
+
+
+def test_without_ray_installed_the_ray_executor_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(UserError, match=r"Ray is not installed; install the extra: pip install 'rlgauge\[ray\]'"):
+        parse_executor("ray")
+
+
+def test_a_ray_address_that_does_not_answer_is_exit_2_within_the_timeout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    import harness.campaigns.ray_executor as ray_executor
+
+    monkeypatch.setattr(ray_executor, "CONNECT_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    # port 9 (discard) on this machine: nothing listens there
+    code = main(["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet",
+                 "--executor", "ray:127.0.0.1:9", "--out", str(tmp_path / "learn")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "no Ray head answered at 127.0.0.1:9 within 1 s" in err and time.monotonic() - started < 60
+
+
+def _curves(out: Path) -> dict:
+    data = json.loads((out / "learn.json").read_text())
+    return {(task, arm, c["seed"]): (c["env_steps"], c["points"]) for task, by_arm in data["curves"].items()
+            for arm, entries in by_arm.items() for c in entries}
+
+
+@pytest.mark.slow  # starting a local Ray takes tens of seconds on a small machine
+def test_learn_on_a_local_ray_equals_the_local_executor(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    argv = ["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet",
+            "--set", "optimizations.torch_threads=1"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main([*argv, "--executor", "ray", "--out", str(tmp_path / "ray")]) == 0
+    finally:
+        ray.shutdown()
+    local, remote = _curves(tmp_path / "local"), _curves(tmp_path / "ray")
+    assert set(local) == {("ppo-cartpole", arm, seed) for arm in ("baseline", "optimized") for seed in (1, 2)}
+    assert remote == local
+    assert json.loads((tmp_path / "ray" / "learn.json").read_text())["campaign"]["executor"] == "ray (local)"
