@@ -87,3 +87,44 @@ def test_learn_on_a_local_ray_equals_the_local_executor(tmp_path: Path) -> None:
     assert set(local) == {("ppo-cartpole", arm, seed) for arm in ("baseline", "optimized") for seed in (1, 2)}
     assert remote == local
     assert json.loads((tmp_path / "ray" / "learn.json").read_text())["campaign"]["executor"] == "ray (local)"
+
+
+class _Recording(LocalExecutor):
+    """Runs jobs here, as the local executor does, and records their names (a stand-in for a cluster)."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.jobs: list[str] = []
+
+    def run(self, jobs, *, cpus_per_job=1, on_result=None):  # noqa: ANN001, ANN201 - the executor protocol
+        self.jobs += [job.name for job in jobs]
+        return super().run(jobs, cpus_per_job=cpus_per_job, on_result=on_result)
+
+
+def test_matrix_sends_one_job_per_preset_to_its_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.cli.analysis_commands as commands
+
+    executor = _Recording()
+    monkeypatch.setattr(commands, "parse_executor", lambda text: executor)
+    code = main(["matrix", "--presets", "ppo-cartpole,ppo-acrobot", *TINY_SETS, "--quiet", "--executor", "x",
+                 "--out", str(tmp_path / "m")])
+    runs = json.loads((tmp_path / "m" / "runs.json").read_text())["runs"]
+    assert code == 0 and executor.jobs == ["ppo-cartpole", "ppo-acrobot"]
+    assert [(r["preset"], r["variant"]) for r in runs] == [(p, v) for p in ("ppo-cartpole", "ppo-acrobot")
+                                                           for v in ("baseline", "optimized")]
+
+
+def test_learn_sends_one_job_per_task_and_seed_to_its_executor(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.cli.analysis_commands as commands
+
+    executor = _Recording()
+    monkeypatch.setattr(commands, "parse_executor", lambda text: executor)
+    out = tmp_path / "learn"
+    assert main(["learn", "ppo-cartpole,ppo-acrobot", "--seeds", "2", "--steps", "1000", *TINY_SETS,
+                 "--set", "env.kwargs.max_episode_steps=200", "--quiet", "--executor", "x", "--out", str(out)]) == 0
+    assert executor.jobs == [f"{task} seed {seed}" for task in ("ppo-cartpole", "ppo-acrobot") for seed in (1, 2)]
+    data = json.loads((out / "learn.json").read_text())
+    assert data["tasks"] == ["ppo-cartpole", "ppo-acrobot"]
+    assert {row["task"] for row in data["verdicts"]} == {"ppo-cartpole", "ppo-acrobot", "all tasks"}

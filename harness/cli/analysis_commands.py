@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from harness.campaigns.executors import LocalExecutor, parse_executor
+from harness.campaigns.jobs import Job
 from harness.cli.options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from harness.errors import UserError
 from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
@@ -50,6 +52,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.add_argument("--yes", action="store_true", help=_YES_HELP)
+    _executor_option(sweep, "the sweep (one job: its points interleaved on one machine)")
 
     diagnose = sub.add_parser("diagnose", help="environment report, a short profiled run, the env-only ceiling, advice",
                               description="Report the machine (versions, devices, whether torch.compile works), "
@@ -71,6 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
     matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
     matrix.add_argument("--yes", action="store_true", help=_YES_HELP)
+    _executor_option(matrix, "the presets (one job each: a preset's variants interleaved on one machine)")
 
     calibrate = sub.add_parser("calibrate", help="the throughput gate's false alarms and detection rate on this "
                                "machine (A/A and planted slowdowns, interleaved); recommends --repeats and --max-slowdown",
@@ -122,9 +126,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                             f"(default: {', '.join(f'{m} {v:g}' for m, v in DEFAULT_MARGIN_PCT.items())}; "
                             "docs/analysis.md says how they were measured)")
     learn.add_argument("--strict", action="store_true", help="also exit 1 when a comparison is inconclusive")
-    learn.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
-                       help="where the seeds run: here one after another (default), or as Ray tasks, one seed with "
-                            "all its arms per task (needs pip install 'rlgauge[ray]'; docs/campaigns.md)")
+    _executor_option(learn, "the seeds (one job each: a seed with all its arms on one machine)")
     learn.add_argument("--cpus-per-job", type=int, default=1, metavar="N",
                        help="whole CPUs each Ray task holds; torch's threads in it are capped to them (default: 1)")
     learn.add_argument("--from", dest="from_file", type=Path, metavar="learn.json",
@@ -135,6 +137,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     learn.set_defaults(repeats=None)  # seeds, not repeats
     learn.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: learn-PRESET/)")
     learn.add_argument("--quiet", action="store_true", help="no progress bar or summary lines")
+
+
+def _executor_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
+                        help=f"where {what} run: here, one after another (default), or as Ray tasks on a local Ray or "
+                             "the cluster at ADDRESS (needs pip install 'rlgauge[ray]'; docs/campaigns.md)")
 
 
 def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
@@ -203,10 +211,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.measurement.runner import resolve_specs
 
     device = resolve_specs(specs[:1])[0].device
-    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
+    executor = parse_executor(args.executor)
+    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}, executor {args.executor}")
     if len(params) > 1:
         _note_no_power(specs, "the fastest point of each row")
-    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
+    if isinstance(executor, LocalExecutor):
+        runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(),
+                                         say=lambda _t: None)
+    else:  # one job: every point of the sweep interleaved on one machine of the cluster
+        job = Job(f"sweep {preset}", run_variants, (specs,))
+        gathered = executor.run([job], cpus_per_job=1)
+        runs, interrupted = gathered.results.get(job.name, ([], True))
+        interrupted = interrupted or gathered.interrupted
     save_results(out / "runs.json", runs)
     if interrupted:
         print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
@@ -260,11 +276,13 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         raise UserError("--presets: give at least one preset name (see 'rlgauge presets')")
     overrides = _with_defaults(args, **{"run.steps": matrix.MATRIX_DEFAULT_STEPS})
     plan = matrix.matrix_specs(names, overrides)
+    executor = parse_executor(args.executor)
     check_size("matrix", size_of(spec.config for specs in plan.values() for spec in specs), args.yes, _say(args),
                "fewer --presets, --steps or --repeats")
     out = check_output_dir(args.out or Path("rlgauge-matrix"), files=("runs.json", "report.md", "report.html",
                                                                    matrix.SPEEDUP_CHART, matrix.THROUGHPUT_CHART))
-    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args))
+    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args),
+                                          executor=executor)
     runs = [run for row in rows for run in row.runs]
     save_results(out / "runs.json", runs)
     matrix.write_report(out, rows)
@@ -286,7 +304,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_learn(args: argparse.Namespace) -> int:
     from harness.analyses import learn, learn_report
     from harness.analyses.learn_verdicts import no_verdict, parse_margins
-    from harness.campaigns.executors import parse_executor
     from harness.measurement.interrupts import stop_on_signals
     from harness.stats.power import MIN_REPEATS
     from harness.results import check_output_dir
