@@ -252,3 +252,97 @@ def test_learn_resolves_budget_aware_flags_against_its_step_budget() -> None:
     assert (compiles(29_999, "optimizations.numpy_update=false"), compiles(30_000, "optimizations.numpy_update=false")
             ) == (False, True)
     assert not compiles(30_000)
+
+
+# --------------------------------------------------------------------------- any trainer, margins, strict, --from
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "cleanrl_ppo"
+
+
+def _example_config(tmp_path: Path) -> Path:
+    config = tmp_path / "bench.yaml"
+    config.write_text("config: {num_envs: 2, num_steps: 16, num_minibatches: 2, update_epochs: 1}\n"
+                      "variants:\n  baseline: {}\n  optimized: {batched_inference_no_grad: true, fused_adam: true}\n")
+    return config
+
+
+def test_learn_takes_a_users_trainer_and_reads_its_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE_DIR))
+    out = tmp_path / "learn"
+    code = main(["learn", "--trainer", "ppo_cartpole:make_trainer", "--config", str(_example_config(tmp_path)),
+                 "--seeds", "3", "--steps", "600", "--quiet", "--out", str(out)])
+    data = _load(out)
+    assert code in (0, 1) and data["tasks"] == ["bench"] and data["settings"]["reference"] == "baseline"
+    curves = data["curves"]["bench"]
+    assert set(curves) == {"baseline", "optimized"}
+    assert all(c["complete"] and any(r is not None for _, r in c["points"]) for arm in curves.values() for c in arm)
+    assert [(v["first"], v["second"]) for v in data["verdicts"]] == [("optimized", "baseline")] * 2
+    assert all(v["verdict"] in (SAME, LESS, MORE, INCONCLUSIVE) for v in data["verdicts"])
+
+
+def test_a_users_trainer_without_returns_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "no_returns.py").write_text(
+        "class T:\n    def iterate(self):\n        return 4\n    def close(self):\n        pass\n\n"
+        "def make_trainer(config, *, device, seed):\n    return T()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "t.yaml"
+    config.write_text("variants: {baseline: {}, optimized: {}}\n")
+    code = main(["learn", "--trainer", "no_returns:make_trainer", "--config", str(config), "--seeds", "3",
+                 "--steps", "8", "--quiet", "--out", str(tmp_path / "learn")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "has no mean_recent_return()" in err, err
+
+
+@pytest.mark.parametrize("margin, message", [
+    ("-5", "--margin -5: '-5' is not a positive number"), ("abc", "--margin abc: 'abc' is not a positive number"),
+    ("nan", "'nan' is not a positive number"), ("reward=3", "'reward' is not a metric"),
+])
+def test_a_bad_margin_is_exit_2_naming_what_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        margin: str, message: str) -> None:
+    code = main(["learn", "ppo-cartpole", *SMALL, "--margin", margin, "--out", str(tmp_path / "learn")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "accepted: a positive percentage" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "learn").exists()
+
+
+def _recorded(tmp_path: Path, first: float, spread: float) -> Path:
+    """A learn.json of 4 seeds whose optimized arm's returns sit at ``first`` around a baseline at 100."""
+    grid = [500, 1000]
+    curve = lambda seed, value: {"seed": seed, "complete": True, "env_steps": 1000, "wall_s": 1.0, "build_s": 0.0,  # noqa: E731
+                                 "error": None, "on_grid": [value, value], "points": [[500, value], [1000, value]]}
+    offsets = [spread * (i - 1.5) for i in range(4)]
+    data = {"preset": "p", "interrupted": False, "grid": grid,
+            "settings": {"steps": 1000, "seeds": [1, 2, 3, 4], "peer": None, "grid_points": 2, "final_fraction": 0.1,
+                         "confidence": 0.95, "resamples": 2000, "device": "cpu", "return_window": 20},
+            "arms": [{"name": "baseline", "kind": "ours", "wall_s": 1.0, "env_steps_per_sec": 1.0},
+                     {"name": "optimized", "kind": "ours", "wall_s": 1.0, "env_steps_per_sec": 1.0}],
+            "curves": {"baseline": [curve(i + 1, 100.0 + o) for i, o in enumerate(offsets)],
+                       "optimized": [curve(i + 1, first + o) for i, o in enumerate(offsets)]}}
+    path = tmp_path / "learn.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_from_judges_a_recorded_campaign_again_and_strict_fails_an_inconclusive_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recorded = str(_recorded(tmp_path, 100.0, 20.0))  # alike, but spread wide: inside +-50 %, not inside +-5 %
+    assert main(["learn", "--from", recorded, "--margin", "50"]) == 0
+    assert "same learning (within +-50 %)" in capsys.readouterr().out
+    assert main(["learn", "--from", recorded, "--margin", "5"]) == 0  # inconclusive is not a failure...
+    assert "inconclusive (~" in capsys.readouterr().out
+    assert main(["learn", "--from", recorded, "--margin", "5", "--strict"]) == 1  # ...unless --strict
+    assert "not shown alike: optimized vs baseline (final return, p): inconclusive" in capsys.readouterr().err
+    assert main(["learn", "--from", str(_recorded(tmp_path, 50.0, 2.0))]) == 1  # half the return: learns less
+
+
+@pytest.mark.parametrize("content, message", [(None, "no such file"), ("{", "not a readable JSON file"),
+                                              ("{}", "not a learn.json (needs preset")])
+def test_from_a_missing_or_corrupt_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  content: str | None, message: str) -> None:
+    path = tmp_path / "learn.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["learn", "--from", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
