@@ -11,14 +11,13 @@ import json
 import sys
 from pathlib import Path
 
-from harness.campaigns.executors import LocalExecutor, parse_executor
-from harness.campaigns.jobs import Job
+from harness.campaigns.executors import parse_executor
+from harness.campaigns.outcome import run_arms, save_runs, status_code
 from harness.cli.options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from harness.errors import UserError
 from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
 from harness.analyses.learn_verdicts import DEFAULT_MARGIN_PCT
 from harness.specs.presets import VARIANTS, specs_for
-from harness.results import save_results
 from harness.specs.run_size import MAX_ENV_STEPS, MAX_RUNS, check_size, size_of
 
 _YES_HELP = (f"run even above the size limit ({MAX_RUNS} runs or {MAX_ENV_STEPS:,} env steps in all); "
@@ -160,7 +159,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir
-    from harness.measurement.runner import run_variants
 
     overrides = _with_defaults(args, **{"run.steps": ablate.ABLATE_DEFAULT_STEPS, "run.repeats": 5})
     only = [name for name in args.flags.split(",") if name.strip()] if args.flags is not None else None
@@ -175,19 +173,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
         + ", ".join(spec.variant for spec in specs))
     _note_no_power(specs, "the verdicts")
-    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
-    save_results(out / "runs.json", runs)
-    if interrupted:
-        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    _warn_untrustworthy(runs)
+    runs, interrupted = run_arms(specs, show_progress=not args.quiet and sys.stderr.isatty())
+    stopped = save_runs(out, runs, interrupted)
+    if stopped is not None:
+        return stopped
     effects = ablate.flag_effects(plan, runs, expected)
     print(ablate.markdown_table(plan, runs, effects))
     write_text_atomically(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
     ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
                    [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
     say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -196,7 +192,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir
-    from harness.measurement.runner import run_variants
 
     params = [sweep.parse_param(text) for text in args.params]
     overrides = _with_defaults(args, **{"run.steps": sweep.SWEEP_DEFAULT_STEPS})
@@ -215,26 +210,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}, executor {args.executor}")
     if len(params) > 1:
         _note_no_power(specs, "the fastest point of each row")
-    if isinstance(executor, LocalExecutor):
-        runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(),
-                                         say=lambda _t: None)
-    else:  # one job: every point of the sweep interleaved on one machine of the cluster
-        job = Job(f"sweep {preset}", run_variants, (specs,))
-        gathered = executor.run([job], cpus_per_job=1)
-        runs, interrupted = gathered.results.get(job.name, ([], True))
-        interrupted = interrupted or gathered.interrupted
-    save_results(out / "runs.json", runs)
-    if interrupted:
-        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    _warn_untrustworthy(runs)
+    # one job: every point of the sweep interleaved on one machine
+    runs, interrupted = run_arms(specs, executor, show_progress=not args.quiet and sys.stderr.isatty(),
+                                 name=f"sweep {preset}")
+    stopped = save_runs(out, runs, interrupted)
+    if stopped is not None:
+        return stopped
     points = sweep.points(params, runs)
     title = f"Sweep: {preset} ({args.variant}) on {device}"
     print(sweep.markdown_table(title, params, points))
     write_text_atomically(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
     sweep_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
     _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -264,7 +252,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(json.dumps({"environment": env_report, "diagnosis": result}, indent=2))
     else:
         print("\n## Diagnosis\n" + "\n".join(diagnose.diagnosis_lines(result)))
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
@@ -284,15 +272,14 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args),
                                           executor=executor)
     runs = [run for row in rows for run in row.runs]
-    save_results(out / "runs.json", runs)
     matrix.write_report(out, rows)
-    if interrupted:
-        print(f"rlgauge: interrupted; partial report written to {out}/", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    stopped = save_runs(out, runs, interrupted, what="partial report")
+    if stopped is not None:
+        return stopped
     print(matrix.report_markdown(rows, charts=False))
     _say(args)(f"report written to {out}/ (report.md, report.html, {matrix.SPEEDUP_CHART}, "
                f"{matrix.THROUGHPUT_CHART}, runs.json)")
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -366,23 +353,6 @@ def _note_no_power(specs: list, what: str) -> None:
     if not has_power(repeats):
         print(f"rlgauge: note: {what} will read '{no_verdict(repeats)}'; measure with --repeats {MIN_REPEATS} "
               "or more", file=sys.stderr)
-
-
-def _warn_untrustworthy(runs: list) -> None:
-    """After measuring (ablate, sweep): one warning line per run whose quality verdict says it is not trustworthy."""
-    from harness.stats.compare import untrustworthy_warning
-
-    for run in runs:
-        warning = untrustworthy_warning(f"{run.preset}/{run.variant}", run)
-        if warning is not None:
-            print(warning, file=sys.stderr)
-
-
-def _status_code(runs: list) -> int:
-    bad = [r for r in runs if r.status != "ok"]
-    for result in bad:
-        print(f"rlgauge: {result.variant} run is {result.status}: {result.error or result.stability}", file=sys.stderr)
-    return EXIT_CHECK_FAILED if bad else EXIT_OK
 
 
 COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix,
