@@ -128,3 +128,79 @@ def test_learn_sends_one_job_per_task_and_seed_to_its_executor(tmp_path: Path,
     data = json.loads((out / "learn.json").read_text())
     assert data["tasks"] == ["ppo-cartpole", "ppo-acrobot"]
     assert {row["task"] for row in data["verdicts"]} == {"ppo-cartpole", "ppo-acrobot", "all tasks"}
+
+
+class _FakeRay:
+    """Enough of Ray's API to drive ``RayExecutor``: tasks run when waited on; the second wait is a Ctrl-C."""
+
+    class exceptions:  # noqa: N801 - mirrors ray.exceptions
+        class RayTaskError(Exception):
+            def __init__(self, cause: BaseException) -> None:
+                super().__init__(str(cause))
+                self.cause = cause
+
+    def __init__(self, interrupt_at: int | None = None) -> None:
+        self.resources: list[dict] = []
+        self.cancelled: list[object] = []
+        self.waits, self.interrupt_at = 0, interrupt_at
+        self.started = self.stopped = False
+
+    def is_initialized(self) -> bool:
+        return self.started
+
+    def init(self, **kwargs: object) -> None:
+        self.started = True
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+    def remote(self, **resources: object):  # noqa: ANN201
+        self.resources.append(resources)
+
+        class _Task:
+            @staticmethod
+            def remote(fn, cpus, *args):  # noqa: ANN001, ANN205
+                return ("ref", fn, cpus, args)
+
+        return lambda body: _Task
+
+    def wait(self, refs: list, num_returns: int = 1) -> tuple[list, list]:
+        self.waits += 1
+        if self.interrupt_at is not None and self.waits >= self.interrupt_at:
+            raise KeyboardInterrupt
+        return refs[:1], refs[1:]
+
+    def get(self, ref: tuple):  # noqa: ANN201
+        _, fn, cpus, args = ref
+        try:
+            return fn(*args), f"node-{cpus}"
+        except Exception as exc:  # noqa: BLE001 - as a remote task's failure reaches the driver
+            raise self.exceptions.RayTaskError(exc) from None
+
+    def cancel(self, ref: object, force: bool = False) -> None:
+        self.cancelled.append(ref)
+
+
+def _ray_executor(monkeypatch: pytest.MonkeyPatch, fake: _FakeRay):  # noqa: ANN202
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    return parse_executor("ray")
+
+
+def test_ray_tasks_hold_the_cpus_asked_for_and_keep_what_finished_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeRay(interrupt_at=3)
+    executor = _ray_executor(monkeypatch, fake)
+    jobs = [Job(name, _square, (i,)) for i, name in enumerate("abcd")]
+    gathered = executor.run(jobs, cpus_per_job=3)
+    assert fake.resources == [{"num_cpus": 3, "max_retries": 0}]
+    assert gathered.interrupted and gathered.results == {"a": 0, "b": 1} and gathered.hosts["a"] == "node-3"
+    assert len(fake.cancelled) == 2 and fake.stopped  # the two tasks still running, then Ray shut down
+
+
+def test_a_jobs_own_error_reaches_the_command_as_a_local_run_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    executor = _ray_executor(monkeypatch, _FakeRay())
+
+    def bad(_x: int) -> int:
+        raise UserError("bad input in a task")
+
+    with pytest.raises(UserError, match="bad input in a task"):
+        executor.run([Job("a", bad, (1,))], cpus_per_job=1)

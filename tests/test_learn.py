@@ -190,6 +190,9 @@ def _without_sb3(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--seeds", "2", "--steps", "600"], "--steps 600: too short for learn: CartPole-v1 episodes last up to 500"),
     (["--peer", "nope"], "--peer 'nope': unknown peer; accepted: sb3"),
     (["--peer", "sb3", "no-sb3"], "install it with pip install 'rlgauge[peers]'"),
+    (["--cpus-per-job", "0"], "--cpus-per-job 0: accepted: a whole number of CPUs, 1 or more"),
+    (["--executor", "dask"], "--executor dask: unknown executor; accepted: local | ray | ray:ADDRESS"),
+    (["--config", "x.yaml"], "--config: only used with --trainer"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch, argv: list[str],
