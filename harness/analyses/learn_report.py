@@ -16,6 +16,10 @@ from harness.errors import UserError
 from harness.stats import learning, verdicts
 
 FILES = ("learn.json", "learn.md", "learn.png")
+STATISTICS = {"confidence": learning.CONFIDENCE, "resamples": learning.RESAMPLES, "bootstrap_seed": learning.SEED,
+              "bootstrap": "stratified (seeds resampled within each task), each arm's seeds on their own; percentile "
+                           "interval of the difference of interquartile means (rliable)"}
+"""How the verdicts' intervals were formed (written with them, also when ``--from`` judges a file again)."""
 
 
 def summary(plans: list[Plan], record: Record, margins: dict[str, float]) -> dict[str, Any]:
@@ -36,11 +40,7 @@ def summary(plans: list[Plan], record: Record, margins: dict[str, float]) -> dic
         "interrupted": record.interrupted, "started_at": record.started_at,
         "settings": {"steps": plan.steps, "seeds": plan.seeds, "peer": plan.peer, "overrides": plan.overrides,
                      "reference": plan.reference, "min_steps": plan.min_steps, "grid_points": len(grid),
-                     "final_fraction": lv.FINAL_FRACTION, "confidence": learning.CONFIDENCE,
-                     "resamples": learning.RESAMPLES, "bootstrap_seed": learning.SEED,
-                     "bootstrap": "stratified (seeds resampled within each task), each arm's seeds on their own; "
-                                  "percentile interval of the difference of interquartile means (rliable)",
-                     "return_window": config.run.return_window if hasattr(config.run, "return_window") else None,
+                     "final_fraction": lv.FINAL_FRACTION, "return_window": config.run.return_window if hasattr(config.run, "return_window") else None,
                      "device": str(first.device)},
         "campaign": {"executor": record.executor, "wall_s": round(record.wall_s, 3), "hosts": record.hosts},
         "arms": [_arm_entry(arm, plans, record) for arm in plan.arms],
@@ -76,8 +76,7 @@ def judge(data: dict[str, Any], margins: dict[str, float]) -> dict[str, Any]:
               for arm in arms}
     data["performance_profile"] = lv.performance_profile(finals, reference) if all(
         len(v) for per in finals.values() for v in per) else {}
-    settings["margins_pct"] = dict(margins)
-    settings["questions"] = dict(verdicts.QUESTIONS)
+    settings.update(margins_pct=dict(margins), questions=dict(verdicts.QUESTIONS), **STATISTICS)
     return data
 
 
