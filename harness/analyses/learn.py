@@ -259,18 +259,20 @@ class _Live:
 
 
 def seed_jobs(plans: list[Plan], sinks: dict[str, SeedRun] | None = None) -> list[Job]:
-    """One job per task and seed (``sinks``: a local campaign's live records, kept when it is interrupted)."""
+    """One job per task and seed (``sinks``: a local campaign's live records, kept when it is interrupted; without
+    them each job is a process of its own and fixes its heap itself)."""
     jobs = []
     for plan in plans:
         for index, seed in enumerate(plan.seeds):
             name = f"{plan.preset} seed {seed}"
             sink = None if sinks is None else sinks.setdefault(name, SeedRun(plan.preset, seed))
-            jobs.append(Job(name, learn_seed, (plan, index, sink)))
+            jobs.append(Job(name, learn_seed, (plan, index, sink, sinks is None)))
     return jobs
 
 
-def learn_seed(plan: Plan, index: int, sink: SeedRun | None = None) -> SeedRun:
-    """One job: every arm of ``plan`` at its ``index``-th seed, interleaved (``sink``: filled as it goes)."""
+def learn_seed(plan: Plan, index: int, sink: SeedRun | None = None, own_process: bool = True) -> SeedRun:
+    """One job: every arm of ``plan`` at its ``index``-th seed, interleaved (``sink``: filled as it goes;
+    ``own_process``: fix the heap thresholds here, as the campaign does once for local jobs)."""
     from reference_trainers.runtime import device as dev
 
     run = sink if sink is not None else SeedRun(plan.preset, plan.seeds[index])
@@ -278,7 +280,8 @@ def learn_seed(plan: Plan, index: int, sink: SeedRun | None = None) -> SeedRun:
     meter = OthersMeter()
     meter.start()
     try:
-        retain_heap(arm.resolutions[0].config.run.heap_retention for arm in plan.arms)
+        if own_process:
+            _retain_heap([plan])
         _run_seed(plan, index, run)
     finally:
         run.others_share = meter.share()
@@ -300,6 +303,8 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
     jobs = seed_jobs(plans, sinks if local else None)
     started = time.perf_counter()
     snapshot = _fair_threads(plans) if local else Snapshot.take()
+    if local:
+        _retain_heap(plans)
     try:
         gathered = executor.run(jobs, cpus_per_job=cpus_per_job, on_result=on_seed)
     finally:
@@ -318,6 +323,11 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
                                                     "by_arm": threads})
     record.quality = quality.assess(record.machine_state, [])
     return record
+
+
+def _retain_heap(plans: list[Plan]) -> None:
+    """Under every arm's ``run.heap_retention``, glibc's malloc thresholds fixed before the arms are built."""
+    retain_heap(arm.resolutions[0].config.run.heap_retention for plan in plans for arm in plan.arms)
 
 
 def _fair_threads(plans: list[Plan]) -> Snapshot:
