@@ -1,7 +1,9 @@
 """Matrix: every preset, both variants, one report (Markdown and HTML, with charts) for a pull request.
 
 Each preset's variants are measured interleaved in one ``run_variants`` call (as ``rlgauge
-run`` does), presets one after another; a rich progress bar counts presets and variants.
+run`` does): one job per preset, run here one after another or as Ray tasks (``--executor``,
+``harness.campaigns``), so the variants whose speeds are compared always share a machine; a
+rich progress bar counts presets and variants.
 The speedup of each preset is the median paired per-repeat ratio with a 95 % percentile
 bootstrap interval (``compare.paired_ratio``); with fewer than ``power.MIN_REPEATS`` repeats
 the report calls the bracket the range of the ratios. Each run's machine state and quality
@@ -23,6 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from reference_trainers.state.atomic_file import write_text_atomically
 
+from harness.campaigns.executors import Executor, LocalExecutor
+from harness.campaigns.jobs import Job
 from harness.stats import power
 from harness.stats.compare import CONFIDENCE, STATE_FIELDS, Ratio, paired_ratio, quality_text, state_cells
 from harness.errors import UserError
@@ -64,24 +68,36 @@ def matrix_specs(names: list[str] | None, overrides: list[str]) -> dict[str, lis
     return plan
 
 
-def run_matrix(plan: dict[str, list[VariantSpec]], show_progress: bool,
-               say: Callable[[str], None]) -> tuple[list[PresetRow], bool]:
-    """Measure each preset's variants interleaved, presets in turn; returns (rows, interrupted)."""
-    rows: list[PresetRow] = []
+def measure_preset(name: str, specs: list[VariantSpec]) -> tuple[PresetRow, bool]:
+    """One job of the matrix: a preset's variants measured interleaved on one machine; (row, interrupted)."""
+    runs, interrupted = run_variants(specs, show_progress=False, say=lambda _t: None)
+    return PresetRow(name, runs), interrupted
+
+
+def run_matrix(plan: dict[str, list[VariantSpec]], show_progress: bool, say: Callable[[str], None],
+               executor: Executor | None = None) -> tuple[list[PresetRow], bool]:
+    """Measure each preset's variants interleaved, one job per preset (here in turn, or as Ray tasks);
+    returns (rows of the presets measured, interrupted)."""
+    executor = executor or LocalExecutor()
     total = sum(len(specs) for specs in plan.values())
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), disable=not show_progress)
+    jobs = [Job(name, measure_preset, (name, specs)) for name, specs in plan.items()]
+    stopped = []
+
+    def finished(job: Job, result: tuple[PresetRow, bool]) -> None:
+        row, interrupted = result
+        progress.advance(task, len(row.runs))
+        say(f"{row.preset}: " + ", ".join(f"{r.variant} {_rate(r)}" for r in row.runs))
+        if interrupted:  # a local job measured what it could: stop the campaign there
+            stopped.append(job.name)
+            raise KeyboardInterrupt
+
     with progress:
-        task = progress.add_task("matrix", total=total)
-        for name, specs in plan.items():
-            progress.update(task, description=f"{name} ({' vs '.join(s.variant for s in specs)})")
-            runs, interrupted = run_variants(specs, show_progress=False, say=lambda _t: None)
-            rows.append(PresetRow(name, runs))
-            progress.advance(task, len(specs))
-            say(f"{name}: " + ", ".join(f"{r.variant} {_rate(r)}" for r in runs))
-            if interrupted:
-                return rows, True
-    return rows, False
+        task = progress.add_task(f"matrix ({getattr(executor, 'label', executor.name)})", total=total)
+        gathered = executor.run(jobs, cpus_per_job=1, on_result=finished)
+    rows = [row for row, _ in gathered.in_order(jobs)]
+    return rows, gathered.interrupted or bool(stopped)
 
 
 def _rate(run: RunResult | None) -> str:

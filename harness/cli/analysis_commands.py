@@ -13,11 +13,13 @@ import json
 import sys
 from pathlib import Path
 
+from harness.campaigns.executors import parse_executor
+from harness.campaigns.outcome import run_arms, save_runs, status_code
 from harness.cli.options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
 from harness.errors import UserError
 from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
-from harness.specs.presets import VARIANTS, specs_for
-from harness.results import save_results
+from harness.analyses.learn_verdicts import DEFAULT_MARGIN_PCT
+from harness.specs.presets import VARIANTS
 from harness.specs.run_size import MAX_ENV_STEPS, MAX_RUNS, check_size, size_of
 
 _YES_HELP = (f"run even above the size limit ({MAX_RUNS} runs or {MAX_ENV_STEPS:,} env steps in all); "
@@ -51,6 +53,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: sweep-PRESET/)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.add_argument("--yes", action="store_true", help=_YES_HELP)
+    _executor_option(sweep, "the sweep (one job: its points interleaved on one machine)")
 
     diagnose = sub.add_parser("diagnose", help="where a trainer's time goes and the lines that cost it (a preset "
                               "or your own trainer), with recommendations",
@@ -79,6 +82,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     matrix.add_argument("--out", type=Path, metavar="DIR", help="report folder (default: rlgauge-matrix/)")
     matrix.add_argument("--quiet", action="store_true", help="no progress bar or per-preset lines")
     matrix.add_argument("--yes", action="store_true", help=_YES_HELP)
+    _executor_option(matrix, "the presets (one job each: a preset's variants interleaved on one machine)")
 
     calibrate = sub.add_parser("calibrate", help="the throughput gate's false alarms and detection rate on this "
                                "machine (A/A and planted slowdowns, interleaved); recommends --repeats and --max-slowdown",
@@ -116,14 +120,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     asv_calibrate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: asv-calibration/)")
     asv_calibrate.add_argument("--quiet", action="store_true", help="no line per run")
 
-    learn = sub.add_parser("learn", help="learning curves of both variants (and a peer) over seeds, with a verdict",
-                           description="Train a preset's baseline and optimized variants (and a peer library with "
-                                       "--peer) interleaved, over several seeds, and write their learning curves "
-                                       "(median and interquartile band), a chart and a verdict per comparison: the "
-                                       "bootstrap interval of the difference in final return and in area under the "
-                                       "curve. Exit 1 when a comparison learns less.")
-    learn.add_argument("target", metavar="PRESET|FILE.yaml",
-                       help="a preset name (see 'rlgauge presets') or a YAML config file with baseline and optimized")
+    learn = sub.add_parser("learn", help="learning curves of a trainer's variants (and a peer) over seeds, with verdicts",
+                           description="Train a preset's baseline and optimized variants (or your trainer's "
+                                       "variants, or several presets at once; a peer library with --peer) "
+                                       "interleaved, over several seeds, and write their learning curves, a chart "
+                                       "and verdicts: the interquartile-mean difference in final return and in area "
+                                       "under the curve with its stratified bootstrap interval, judged against a "
+                                       "margin ('same learning', 'learns less', 'learns more' or 'inconclusive'). "
+                                       "Exit 1 when a comparison learns less (--strict: or is inconclusive).")
+    learn.add_argument("target", nargs="?", metavar="PRESET[,PRESET...]|FILE.yaml",
+                       help="presets (see 'rlgauge presets'; several are pooled with normalised scores) or a YAML "
+                            "file with baseline and optimized variants, or naming your trainer: MODULE:ATTRIBUTE")
+    learn.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",
+                       help="learn with your own trainer: a factory make_trainer(config, *, device, seed) whose "
+                            "trainer has mean_recent_return() (docs/own-trainer.md)")
+    learn.add_argument("--config", type=Path, metavar="FILE.yaml", help="with --trainer: its settings and variants")
     learn.add_argument("--peer", metavar="NAME", help="also train a peer library on matched settings (sb3: "
                        "Stable-Baselines3; needs pip install 'rlgauge[peers]')")
     learn.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
@@ -132,12 +143,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     learn.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S",
                        help=f"env steps each arm trains for, per seed (default: {DEFAULT_STEPS:,})")
     learn.add_argument("--seed", type=int, default=1, metavar="FIRST", help="the first seed (default: 1)")
+    learn.add_argument("--margin", metavar="PCT|METRIC=PCT,...",
+                       help="'same learning' needs the whole interval within +-PCT %% of the second arm's score "
+                            f"(default: {', '.join(f'{m} {v:g}' for m, v in DEFAULT_MARGIN_PCT.items())}; "
+                            "docs/analysis.md says how they were measured)")
+    learn.add_argument("--strict", action="store_true", help="also exit 1 when a comparison is inconclusive")
+    _executor_option(learn, "the seeds (one job each: a seed with all its arms on one machine)")
+    learn.add_argument("--cpus-per-job", type=int, default=1, metavar="N",
+                       help="whole CPUs each Ray task holds; torch's threads in it are capped to them (default: 1)")
+    learn.add_argument("--from", dest="from_file", type=Path, metavar="learn.json",
+                       help="judge a recorded campaign again (e.g. with another --margin) instead of training")
     learn.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value of every arm, e.g. --set env.num_envs=8 (repeatable)")
     learn.add_argument("--device", help=DEVICE_HELP)
     learn.set_defaults(repeats=None)  # seeds, not repeats
     learn.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: learn-PRESET/)")
     learn.add_argument("--quiet", action="store_true", help="no progress bar or summary lines")
+
+
+def _executor_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
+                        help=f"where {what} run: here, one after another (default), or as Ray tasks on a local Ray or "
+                             "the cluster at ADDRESS (needs pip install 'rlgauge[ray]'; docs/campaigns.md)")
 
 
 def _say(args: argparse.Namespace):  # noqa: ANN202 - a print-to-stderr callable
@@ -155,7 +182,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir
-    from harness.measurement.runner import run_variants
 
     overrides = _with_defaults(args, **{"run.steps": ablate.ABLATE_DEFAULT_STEPS, "run.repeats": 5})
     only = [name for name in args.flags.split(",") if name.strip()] if args.flags is not None else None
@@ -170,19 +196,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     say(f"ablate {plan.preset}: {len(plan.flags)} flags, {len(specs)} arms interleaved on {plan.device}: "
         + ", ".join(spec.variant for spec in specs))
     _note_no_power(specs, "the verdicts")
-    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
-    save_results(out / "runs.json", runs)
-    if interrupted:
-        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    _warn_untrustworthy(runs)
+    runs, interrupted = run_arms(specs, show_progress=not args.quiet and sys.stderr.isatty())
+    stopped = save_runs(out, runs, interrupted)
+    if stopped is not None:
+        return stopped
     effects = ablate.flag_effects(plan, runs, expected)
     print(ablate.markdown_table(plan, runs, effects))
     write_text_atomically(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
     ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
                    [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
     say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -191,7 +215,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from reference_trainers.state.atomic_file import write_text_atomically
 
     from harness.results import check_output_dir
-    from harness.measurement.runner import run_variants
 
     params = [sweep.parse_param(text) for text in args.params]
     overrides = _with_defaults(args, **{"run.steps": sweep.SWEEP_DEFAULT_STEPS})
@@ -206,22 +229,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.measurement.runner import resolve_specs
 
     device = resolve_specs(specs[:1])[0].device
-    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}")
+    executor = parse_executor(args.executor)
+    _say(args)(f"sweep {preset} ({args.variant}): {len(specs)} points interleaved on {device}, executor {args.executor}")
     if len(params) > 1:
         _note_no_power(specs, "the fastest point of each row")
-    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
-    save_results(out / "runs.json", runs)
-    if interrupted:
-        print(f"rlgauge: interrupted; partial runs written to {out / 'runs.json'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    _warn_untrustworthy(runs)
+    # one job: every point of the sweep interleaved on one machine
+    runs, interrupted = run_arms(specs, executor, show_progress=not args.quiet and sys.stderr.isatty(),
+                                 name=f"sweep {preset}")
+    stopped = save_runs(out, runs, interrupted)
+    if stopped is not None:
+        return stopped
     points = sweep.points(params, runs)
     title = f"Sweep: {preset} ({args.variant}) on {device}"
     print(sweep.markdown_table(title, params, points))
     write_text_atomically(out / "sweep.json", json.dumps(sweep.sweep_json(preset, args.variant, params, points), indent=2) + "\n")
     sweep_chart(out / "sweep.png", title, params[0].key, list(params[0].values), sweep.series(params, points))
     _say(args)(f"sweep written to {out}/ (sweep.json, sweep.png, runs.json)")
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -291,21 +315,22 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         raise UserError("--presets: give at least one preset name (see 'rlgauge presets')")
     overrides = _with_defaults(args, **{"run.steps": matrix.MATRIX_DEFAULT_STEPS})
     plan = matrix.matrix_specs(names, overrides)
+    executor = parse_executor(args.executor)
     check_size("matrix", size_of(spec.config for specs in plan.values() for spec in specs), args.yes, _say(args),
                "fewer --presets, --steps or --repeats")
     out = check_output_dir(args.out or Path("rlgauge-matrix"), files=("runs.json", "report.md", "report.html",
                                                                    matrix.SPEEDUP_CHART, matrix.THROUGHPUT_CHART))
-    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args))
+    rows, interrupted = matrix.run_matrix(plan, show_progress=not args.quiet and sys.stderr.isatty(), say=_say(args),
+                                          executor=executor)
     runs = [run for row in rows for run in row.runs]
-    save_results(out / "runs.json", runs)
     matrix.write_report(out, rows)
-    if interrupted:
-        print(f"rlgauge: interrupted; partial report written to {out}/", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    stopped = save_runs(out, runs, interrupted, what="partial report")
+    if stopped is not None:
+        return stopped
     print(matrix.report_markdown(rows, charts=False))
     _say(args)(f"report written to {out}/ (report.md, report.html, {matrix.SPEEDUP_CHART}, "
                f"{matrix.THROUGHPUT_CHART}, runs.json)")
-    return _status_code(runs)
+    return status_code(runs)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -323,41 +348,60 @@ def cmd_asv_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from harness.analyses import learn
+    from harness.analyses import learn, learn_report
+    from harness.analyses.learn_verdicts import no_verdict, parse_margins
     from harness.measurement.interrupts import stop_on_signals
     from harness.stats.power import MIN_REPEATS
     from harness.results import check_output_dir
 
+    margins = parse_margins(args.margin)
+    say = _say(args)
+    if args.from_file is not None:
+        data = learn_report.judge(learn_report.load_summary(args.from_file), margins)
+        print(learn_report.markdown(data), end="")
+        return _learn_exit(data, args, [])
+    if args.cpus_per_job < 1:
+        raise UserError(f"--cpus-per-job {args.cpus_per_job}: accepted: a whole number of CPUs, 1 or more")
+    executor = parse_executor(args.executor)
     # learn's --steps and --seed are its budget and first seed, not run.steps and seed
     overrides = user_overrides(argparse.Namespace(**{**vars(args), "steps": None, "seed": None}))
-    plan = learn.plan_learning(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
-                               first_seed=args.seed)
-    out = check_output_dir(args.out or Path(f"learn-{plan.preset}"), files=learn.FILES)
-    say = _say(args)
-    say(f"learn {plan.preset}: {', '.join(arm.name for arm in plan.arms)} interleaved, {len(plan.seeds)} seeds x "
-        f"{plan.steps:,} env steps each, on {plan.arms[0].resolutions[0].device}")
+    plans = learn.plan_campaign(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
+                                first_seed=args.seed, trainer=args.trainer, config=args.config)
+    name = ",".join(plan.preset for plan in plans)
+    out = check_output_dir(args.out or Path(f"learn-{name.replace(',', '+')}"), files=learn_report.FILES)
+    plan = plans[0]
+    say(f"learn {name}: {', '.join(arm.name for arm in plan.arms)} interleaved, {len(plan.seeds)} seeds x "
+        f"{plan.steps:,} env steps each, on {plan.arms[0].resolutions[0].device}, executor {args.executor}")
     if len(plan.seeds) < MIN_REPEATS:
-        print(f"rlgauge: note: the verdicts will read '{learn.no_verdict(len(plan.seeds))}'; learn with --seeds "
+        print(f"rlgauge: note: the verdicts will read '{no_verdict(len(plan.seeds))}'; learn with --seeds "
               f"{MIN_REPEATS} or more", file=sys.stderr)
     with stop_on_signals() as signals:  # Ctrl-C: stop, then write what was recorded (not cut short)
-        record = learn.run_learning(plan, show_progress=not args.quiet and sys.stderr.isatty())
+        record = learn.run_campaign(plans, executor, cpus_per_job=args.cpus_per_job,
+                                    on_seed=lambda job, _result: say(f"learn: {job.name} done"))
         signals.hold()
-        data = learn.summary(plan, record)
-        learn.write_outputs(out, data)
-    print(learn.markdown(data), end="")
+        data = learn_report.summary(plans, record, margins)
+        learn_report.write_outputs(out, data)
+    print(learn_report.markdown(data), end="")
     if record.interrupted:
         print(f"rlgauge: interrupted; what was recorded is written to {out}/", file=sys.stderr)
         return EXIT_INTERRUPTED
-    say(f"learning written to {out}/ ({', '.join(learn.FILES)})")
+    say(f"learning written to {out}/ ({', '.join(learn_report.FILES)})")
     for reason in record.quality.get("reasons", []):
-        print(f"rlgauge: warning: {plan.preset}: wall seconds not trustworthy: {reason}", file=sys.stderr)
-    less = learn.failed_verdicts(data)
-    if less:
-        print(f"rlgauge: learns less: {', '.join(less)}", file=sys.stderr)
-        after = plan.seeds[-1] + 1
-        print(f"rlgauge: note: a batch of seeds can be lucky or not; before calling the gap real, check it on "
-              f"other seeds: --seed {after} --seeds {len(plan.seeds)}", file=sys.stderr)
-    return EXIT_CHECK_FAILED if less or learn.failed_curves(data) else EXIT_OK  # a failed run was logged as it failed
+        print(f"rlgauge: warning: {name}: wall seconds not trustworthy: {reason}", file=sys.stderr)
+    return _learn_exit(data, args, plan.seeds)
+
+
+def _learn_exit(data: dict, args: argparse.Namespace, seeds: list[int]) -> int:
+    """Exit 1 on "learns less" (``--strict``: also on inconclusive) or a failed run, naming them."""
+    from harness.analyses import learn_report
+
+    failed = learn_report.failed_verdicts(data, strict=args.strict)
+    if failed:
+        print(f"rlgauge: {'not shown alike' if args.strict else 'learns less'}: {'; '.join(failed)}", file=sys.stderr)
+        if seeds:
+            print(f"rlgauge: note: a batch of seeds can be lucky or not; before calling a gap real, check it on "
+                  f"other seeds: --seed {seeds[-1] + 1} --seeds {len(seeds)}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if failed or learn_report.failed_curves(data) else EXIT_OK  # failed runs were logged
 
 
 def _note_no_power(specs: list, what: str) -> None:
@@ -368,23 +412,6 @@ def _note_no_power(specs: list, what: str) -> None:
     if not has_power(repeats):
         print(f"rlgauge: note: {what} will read '{no_verdict(repeats)}'; measure with --repeats {MIN_REPEATS} "
               "or more", file=sys.stderr)
-
-
-def _warn_untrustworthy(runs: list) -> None:
-    """After measuring (ablate, sweep): one warning line per run whose quality verdict says it is not trustworthy."""
-    from harness.stats.compare import untrustworthy_warning
-
-    for run in runs:
-        warning = untrustworthy_warning(f"{run.preset}/{run.variant}", run)
-        if warning is not None:
-            print(warning, file=sys.stderr)
-
-
-def _status_code(runs: list) -> int:
-    bad = [r for r in runs if r.status != "ok"]
-    for result in bad:
-        print(f"rlgauge: {result.variant} run is {result.status}: {result.error or result.stability}", file=sys.stderr)
-    return EXIT_CHECK_FAILED if bad else EXIT_OK
 
 
 COMMANDS = {"ablate": cmd_ablate, "sweep": cmd_sweep, "diagnose": cmd_diagnose, "matrix": cmd_matrix,

@@ -1,1 +1,3 @@
-"""The statistics of comparisons: intervals and ratios, power, result quality and parity classes."""
+"""The tool's one home of statistics: bootstrap intervals of ratios (``intervals``), learning statistics over
+seeds through rliable (``learning``), verdicts with margins (``verdicts``), power, comparisons, result quality
+and parity classes."""

@@ -11,7 +11,8 @@ Which interval depends on how the two runs were measured:
   estimate is the ratio of medians, ``median(c) / median(b)``, and the interval a
   percentile bootstrap resampling each run's samples on its own.
 
-Both use ``RESAMPLES`` resamples from a fixed seed, so the same files always give the same
+Both come from ``harness.stats.intervals`` (the tool's one home of bootstraps), with
+``RESAMPLES`` resamples from a fixed seed, so the same files always give the same
 interval. With few repeats the interval is honest rather than narrow: with 3 paired rounds
 it is the range of the 3 ratios. Metrics measured once per run (latency percentiles,
 memory) get a plain ratio and no interval.
@@ -26,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
@@ -34,69 +34,8 @@ from harness.stats import power
 from harness.errors import UserError
 from harness.results import RunResult
 
-RESAMPLES = 2000
-SEED = 20240607
-CONFIDENCE = 0.95
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """``candidate / baseline`` with a confidence interval (low == high == value when there is none)."""
-
-    value: float
-    low: float
-    high: float
-    method: str
-    """``paired`` | ``independent`` | ``single`` (one value per run: no interval)."""
-    n: int
-    """Rounds (paired) or the smaller sample count (independent) behind the interval."""
-
-    def fmt(self) -> str:
-        if self.method == "single":
-            return f"{self.value:.2f}x"
-        return f"{self.value:.2f}x [{self.low:.2f}-{self.high:.2f}]"
-
-
-def _bootstrap_quantiles(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(estimates, [tail, 1.0 - tail])
-    return float(low), float(high)
-
-
-def paired_ratio(base: list[float], cand: list[float], *, confidence: float = CONFIDENCE,
-                 seed: int = SEED) -> Ratio:
-    """Median of the round-by-round ratios ``cand[i] / base[i]``, bootstrap interval over rounds."""
-    pairs = [(b, c) for b, c in zip(base, cand) if b > 0]
-    if not pairs:
-        raise ValueError("no round with a positive baseline sample")
-    ratios = np.array([c / b for b, c in pairs], dtype=np.float64)
-    value = float(np.median(ratios))
-    if len(ratios) == 1:
-        return Ratio(value, value, value, "paired", 1)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(ratios), size=(RESAMPLES, len(ratios)))
-    low, high = _bootstrap_quantiles(np.median(ratios[idx], axis=1), confidence)
-    return Ratio(value, min(low, value), max(high, value), "paired", len(ratios))
-
-
-def independent_ratio(base: list[float], cand: list[float], *, confidence: float = CONFIDENCE,
-                      seed: int = SEED) -> Ratio:
-    """``median(cand) / median(base)`` with a bootstrap interval resampling each side on its own."""
-    b, c = np.asarray(base, dtype=np.float64), np.asarray(cand, dtype=np.float64)
-    if b.size == 0 or c.size == 0 or np.median(b) <= 0:
-        raise ValueError("need samples on both sides and a positive baseline median")
-    value = float(np.median(c) / np.median(b))
-    if b.size == 1 and c.size == 1:
-        return Ratio(value, value, value, "independent", 1)
-    rng = np.random.default_rng(seed)
-    mb = np.median(b[rng.integers(0, b.size, size=(RESAMPLES, b.size))], axis=1)
-    mc = np.median(c[rng.integers(0, c.size, size=(RESAMPLES, c.size))], axis=1)
-    low, high = _bootstrap_quantiles(mc / mb, confidence)
-    return Ratio(value, min(low, value), max(high, value), "independent", int(min(b.size, c.size)))
-
-
-def single_ratio(base: float, cand: float) -> Ratio:
-    return Ratio(cand / base, cand / base, cand / base, "single", 1)
+from harness.stats.intervals import (  # noqa: F401 - the bootstrap intervals, re-exported for compare's users
+    CONFIDENCE, RESAMPLES, SEED, Ratio, independent_ratio, paired_ratio, single_ratio)
 
 
 # --------------------------------------------------------------------------- which runs to compare
