@@ -6,7 +6,6 @@ its test here. Registry coverage: tests/test_flag_registry.py reads the ``flag_e
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from typing import Any
 
@@ -156,24 +155,6 @@ def test_numpy_update_runs_the_hand_written_step_in_numpy(monkeypatch: pytest.Mo
         assert all(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
     assert updates > 0
     assert (len(host_steps), len(by_hand)) == ((updates, 0) if on else (0, 2 * updates))
-
-
-ADAM = importlib.import_module("torch.optim.adam")
-
-
-@pytest.mark.flag_effect("optimizations.optimizer_impl", "foreach")
-@pytest.mark.flag_effect("optimizations.optimizer_impl", "fused")
-@pytest.mark.parametrize("algo", PPO_ALGOS)
-@pytest.mark.parametrize("impl", ["forloop", "foreach", "fused"])
-def test_optimizer_impl_runs_the_chosen_adam_kernel(monkeypatch: pytest.MonkeyPatch, algo: str, impl: str) -> None:
-    """Every update runs the chosen Adam kernel (per-tensor loop, multi-tensor or fused) and no other."""
-    calls = {"forloop": spy(monkeypatch, ADAM, "_single_tensor_adam"),
-             "foreach": spy(monkeypatch, ADAM, "_multi_tensor_adam"),
-             "fused": spy(monkeypatch, torch, "_fused_adam_")}
-    with running(algo, f"optimizations.optimizer_impl={impl}") as trainer:
-        updates = trainer.iterate().updates
-    assert updates > 0
-    assert {name: len(c) for name, c in calls.items()} == {name: updates if name == impl else 0 for name in calls}
 
 
 @pytest.mark.flag_effect("optimizations.sync_free_logging")

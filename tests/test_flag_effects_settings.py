@@ -4,11 +4,14 @@ computes the forward matmuls in its dtype. A trainer that never applies them fai
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from flag_effects import (
     matmul_dtypes_of_iterate,
     precision_during_updates,
+    running,
     spy,
     threads_during_updates,
 )
@@ -57,3 +60,21 @@ def test_amp_runs_the_forward_matmuls_in_the_chosen_dtype(monkeypatch: pytest.Mo
     if amp_dtype is None:
         assert update == acting == {torch.float32}
     assert len(unscaled) == (updates if amp_dtype == "float16" else 0)
+
+
+ADAM = importlib.import_module("torch.optim.adam")
+
+
+@pytest.mark.flag_effect("optimizations.optimizer_impl", "foreach")
+@pytest.mark.flag_effect("optimizations.optimizer_impl", "fused")
+@pytest.mark.parametrize("algo", ALL_ALGOS)
+@pytest.mark.parametrize("impl", ["forloop", "foreach", "fused"])
+def test_optimizer_impl_runs_the_chosen_adam_kernel(monkeypatch: pytest.MonkeyPatch, algo: str, impl: str) -> None:
+    """Every update runs the chosen Adam kernel (per-tensor loop, multi-tensor or fused) and no other."""
+    calls = {"forloop": spy(monkeypatch, ADAM, "_single_tensor_adam"),
+             "foreach": spy(monkeypatch, ADAM, "_multi_tensor_adam"),
+             "fused": spy(monkeypatch, torch, "_fused_adam_")}
+    with running(algo, f"optimizations.optimizer_impl={impl}") as trainer:
+        updates = trainer.iterate().updates
+    assert updates > 0
+    assert {name: len(c) for name, c in calls.items()} == {name: updates if name == impl else 0 for name in calls}

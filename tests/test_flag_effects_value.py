@@ -6,7 +6,6 @@ config back. Registry coverage: tests/test_flag_registry.py reads the ``flag_eff
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from typing import Any
 
@@ -113,24 +112,6 @@ def test_numpy_update_runs_the_dqn_step_in_numpy(monkeypatch: pytest.MonkeyPatch
     assert updates > 0
     assert (len(host_steps), len(by_hand)) == ((updates, 0) if on else (0, updates))
     assert len(host_gathers) == (updates if on else 0)  # minibatches as NumPy arrays from the replay's host view
-
-
-ADAM = importlib.import_module("torch.optim.adam")
-
-
-@pytest.mark.flag_effect("optimizations.optimizer_impl", "foreach")
-@pytest.mark.flag_effect("optimizations.optimizer_impl", "fused")
-@pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("impl", ["forloop", "foreach", "fused"])
-def test_optimizer_impl_runs_the_chosen_adam_kernel(monkeypatch: pytest.MonkeyPatch, algo: str, impl: str) -> None:
-    """Every update runs the chosen Adam kernel (per-tensor loop, multi-tensor or fused) and no other."""
-    calls = {"forloop": spy(monkeypatch, ADAM, "_single_tensor_adam"),
-             "foreach": spy(monkeypatch, ADAM, "_multi_tensor_adam"),
-             "fused": spy(monkeypatch, torch, "_fused_adam_")}
-    with running(algo, f"optimizations.optimizer_impl={impl}") as trainer:
-        updates = trainer.iterate().updates
-    assert updates > 0
-    assert {name: len(c) for name, c in calls.items()} == {name: updates if name == impl else 0 for name in calls}
 
 
 @pytest.mark.flag_effect("optimizations.sync_free_logging")

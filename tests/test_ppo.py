@@ -12,12 +12,10 @@ What is proved here, each flag against its plain path:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import reference_trainers.ppo.trainer as ppo_mod
+from flag_effects import tensor_calls
 from reference_trainers import NonFiniteError
 from reference_trainers.runtime import device as dev
 from reference_trainers.config.schema import build_config
@@ -84,25 +83,6 @@ def assert_params_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 def all_finite(params: dict[str, torch.Tensor], stats: dict[str, float]) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in params.values()) and all(math.isfinite(v) for v in stats.values())
-
-
-@contextlib.contextmanager
-def count_tensor_calls(*names: str) -> Iterator[Counter[str]]:
-    """Count calls of the named ``torch.Tensor`` methods (each still calls through) inside the block."""
-    counts: Counter[str] = Counter()
-    patched = pytest.MonkeyPatch()
-    for name in names:
-        original = getattr(torch.Tensor, name)
-
-        def spy(self: torch.Tensor, *args: Any, _name: str = name, _orig: Any = original, **kwargs: Any) -> Any:
-            counts[_name] += 1
-            return _orig(self, *args, **kwargs)
-
-        patched.setattr(torch.Tensor, name, spy)
-    try:
-        yield counts
-    finally:
-        patched.undo()
 
 
 class CountingForward:
@@ -298,7 +278,7 @@ def test_batch_inference_controls_forwards_and_host_copies_per_step(
     try:
         counter = CountingForward(trainer.forward)
         trainer.forward = counter
-        with count_tensor_calls("cpu") as calls:
+        with tensor_calls("cpu") as calls:
             frames, decisions = trainer.collect()
         steps = trainer.config.ppo.num_steps
         assert (frames, decisions) == (steps * 4, steps * 4)
@@ -409,7 +389,7 @@ def logged_values() -> dict[str, list[torch.Tensor]]:
 
 def test_item_stats_syncs_once_per_added_value(monkeypatch: pytest.MonkeyPatch) -> None:
     stats = ItemStats()
-    with count_tensor_calls(*SYNC_METHODS) as calls:
+    with tensor_calls(*SYNC_METHODS) as calls:
         for name, values in logged_values().items():
             for v in values:
                 stats.add(name, v)
@@ -421,12 +401,12 @@ def test_item_stats_syncs_once_per_added_value(monkeypatch: pytest.MonkeyPatch) 
 
 def test_sync_free_stats_add_never_syncs_and_flush_copies_to_host_once(monkeypatch: pytest.MonkeyPatch) -> None:
     stats = SyncFreeStats(torch.device("cpu"))
-    with count_tensor_calls(*SYNC_METHODS) as add_calls:
+    with tensor_calls(*SYNC_METHODS) as add_calls:
         for name, values in logged_values().items():
             for v in values:
                 stats.add(name, v)
     assert sum(add_calls.values()) == 0, add_calls
-    with count_tensor_calls(*SYNC_METHODS) as flush_calls:
+    with tensor_calls(*SYNC_METHODS) as flush_calls:
         means = stats.flush()
     assert flush_calls["item"] == 0 and flush_calls["numpy"] == 0
     assert flush_calls["cpu"] == 1  # the one device->host copy, of all names stacked together
@@ -447,11 +427,11 @@ def test_sync_free_stats_add_all_is_one_add_per_step_and_merges_with_add() -> No
         for step in steps:
             stats.add_all(step)
         stats.add("loss", torch.tensor(10.0))  # the same name through add: merged
-    with count_tensor_calls("add_") as calls:
+    with tensor_calls("add_") as calls:
         fast.add_all(steps[0])
     assert calls["add_"] == 1
     plain.add_all(steps[0])
-    with count_tensor_calls(*SYNC_METHODS) as flush_calls:
+    with tensor_calls(*SYNC_METHODS) as flush_calls:
         means = fast.flush()
     assert flush_calls["cpu"] == 1
     assert means == pytest.approx({"loss": 16 / 6, "kl": 3 / 5}, rel=1e-6)
@@ -495,7 +475,7 @@ def test_sync_free_logging_removes_item_calls_from_the_update(monkeypatch: pytes
     trainer = make_trainer(f"optimizations.sync_free_logging={str(sync_free).lower()}", "optimizations.optimizer_impl=fused")
     try:
         trainer.collect()
-        with count_tensor_calls("item", "tolist", "__float__", "__bool__") as calls:
+        with tensor_calls("item", "tolist", "__float__", "__bool__") as calls:
             updates = trainer.update()
             stats = trainer.learner.stats.flush()
     finally:

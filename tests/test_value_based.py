@@ -5,13 +5,11 @@ slow learning check of the shipped presets."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from value_trainers import ALGOS, assert_params_close, assert_params_equal, make
 
 import reference_trainers.value.dqn as dqn_mod
 import reference_trainers.value.iqn as iqn_mod
+from flag_effects import tensor_calls
 from reference_trainers import ResumableTrainer, build_trainer
 from reference_trainers.replay.buffers import ListStorage, TensorStorage, UniformSampler
 from reference_trainers.config.schema import ConfigError, build_config, to_plain_dict
@@ -39,24 +38,6 @@ from reference_trainers.value.iqn import IQNTrainer
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 algos = pytest.mark.parametrize("algo", ALGOS)
-
-
-@contextlib.contextmanager
-def count_tensor_calls(*names: str) -> Iterator[Counter[str]]:
-    counts: Counter[str] = Counter()
-    patched = pytest.MonkeyPatch()
-    for name in names:
-        original = getattr(torch.Tensor, name)
-
-        def spy(self: torch.Tensor, *args: Any, _name: str = name, _orig: Any = original, **kwargs: Any) -> Any:
-            counts[_name] += 1
-            return _orig(self, *args, **kwargs)
-
-        patched.setattr(torch.Tensor, name, spy)
-    try:
-        yield counts
-    finally:
-        patched.undo()
 
 
 class WideDtypeOps(TorchDispatchMode):
@@ -158,7 +139,7 @@ def test_batch_inference_controls_forwards_and_host_copies_per_step(algo: str, o
     forward = trainer.forward
     trainer.forward = lambda obs, *taus: (rows.append(obs.shape[0]), forward(obs, *taus))[1]
     try:
-        with count_tensor_calls("cpu") as calls:
+        with tensor_calls("cpu") as calls:
             for _ in range(3):
                 trainer._env_step()
     finally:
@@ -248,7 +229,7 @@ def test_replay_flag_picks_the_storage_and_its_copy_path(algo: str, kind: str, s
         assert type(trainer.replay.storage) is storage and type(trainer.replay.sampler) is UniformSampler
         for _ in range(12):
             trainer._env_step()
-        with count_tensor_calls("tolist") as calls:
+        with tensor_calls("tolist") as calls:
             trainer._update_phase(1)
         assert calls["tolist"] == tolist_per_update  # the list gathers sampled rows on the host
     finally:

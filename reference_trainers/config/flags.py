@@ -97,8 +97,13 @@ class Context:
     supports_fp16_autocast: bool
     supports_tf32: bool
     supports_fused_adam: bool
-    device_name: str = ""
-    """The device as its errors name it (``NVIDIA A100``, the CPU's model)."""
+
+    @property
+    def device_name(self) -> str:
+        """The device as its errors name it (``NVIDIA A100``, the CPU's model); asked only when a rule fails."""
+        from reference_trainers.runtime.device import device_name
+
+        return device_name(self.device)
 
     @property
     def kind(self) -> str:
@@ -366,7 +371,8 @@ def _numpy_update_blockers(ctx: Context) -> list[tuple[bool, str]]:
 
 
 def _tf32_blockers(ctx: Context) -> list[tuple[bool, str]]:
-    return [(ctx.on_cuda and not ctx.supports_tf32, f"TF32 needs compute capability 8.0+, which {ctx.device_name or ctx.device} lacks")]
+    blocked = ctx.on_cuda and not ctx.supports_tf32
+    return [(blocked, f"TF32 needs compute capability 8.0+, which {ctx.device_name} lacks" if blocked else "")]
 
 
 def _cuda_graphs_blockers(ctx: Context) -> list[tuple[bool, str]]:
@@ -388,7 +394,8 @@ def _compile_step_blockers(ctx: Context) -> list[tuple[bool, str]]:
 
 def _amp_dtype_blockers(ctx: Context) -> list[tuple[bool, str]]:
     dtype = ctx.o.amp_dtype
-    return [(dtype == "bfloat16" and not ctx.supports_bf16, f"bfloat16 autocast is not supported on {ctx.device_name or ctx.device}"),
+    no_bf16 = dtype == "bfloat16" and not ctx.supports_bf16
+    return [(no_bf16, f"bfloat16 autocast is not supported on {ctx.device_name}" if no_bf16 else ""),
             (dtype == "float16" and not ctx.supports_fp16_autocast, f"float16 autocast is not supported on {ctx.kind}")]
 
 

@@ -75,7 +75,7 @@ def resolve_config(config: TrainConfig) -> Resolution:
 
     ctx = Context(resolved, device, spaces[0], spaces[1], supports_bf16=dev.supports_bf16(device),
                   supports_fp16_autocast=dev.supports_fp16_autocast(device), supports_tf32=dev.supports_tf32(device),
-                  supports_fused_adam=dev.supports_fused_adam(device), device_name=dev.device_name(device))
+                  supports_fused_adam=dev.supports_fused_adam(device))
     explicit = [entry for entry in OPTIMISATION_FLAGS  # auto values first: a blocker may read any resolved value
                 if not _resolve_auto(entry, ctx, reasons)]
     for entry in explicit:  # then every value the user chose, against the registry's rules
