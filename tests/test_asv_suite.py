@@ -181,7 +181,7 @@ def _copy_project(dest: Path) -> None:
 @pytest.mark.serial  # two asv runs compared by absolute time: a parallel test on the other core skews one
 def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(tmp_path: Path) -> None:
     """Three commits: base, an identical one, one whose trainer iterations take three times the CPU
-    time (well beyond the calibrated factor, which A/A runs on a loaded 2-core machine put at 1.75).
+    time (well beyond the Makefile's calibrated factor).
 
     Only CartPole is measured (the copy's PRESETS is cut down) to keep the virtualenv builds and
     runs to a few minutes; the benchmark, its rounds and the factor are the ones CI gates on.
