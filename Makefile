@@ -17,10 +17,10 @@ STAMP := $(VENV)/.rlgauge-installed
 # test) and peak host memory; fails when one got worse by more than ASV_FACTOR *and* asv's test
 # calls the difference significant. ASV_FACTOR is what `rlgauge asv-calibrate` recommended from
 # A/A runs on a 2-core machine (docs/tracking.md); calibrate your own runner and set it here.
-# The wall-time benchmarks (track_*, time_select_actions, Replay) are the site's history: asv-report.
-ASV_FACTOR ?= 1.3
+# The wall-time benchmarks (track_*, time_select_actions, Replay) and device memory: asv-report.
+ASV_FACTOR ?= 1.75
 ASV_GATED ?= CpuTime|peakmem_
-ASV_REPORTED ?= track_seconds_per_1k|time_select_actions|Replay
+ASV_REPORTED ?= track_seconds_per_1k|time_select_actions|Replay|peak_device
 BASE ?= HEAD~1
 HEAD_REF ?= HEAD
 # asv-quick files its results under this commit (ASV_QUICK_ARGS: more asv run options, e.g.

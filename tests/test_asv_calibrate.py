@@ -189,3 +189,16 @@ def test_asv_calibrate_runs_asv_continuous_against_a_twin_and_writes_its_verdict
 def test_the_defaults_are_the_makefiles_gate() -> None:
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     assert f"ASV_FACTOR ?= {ac.FACTOR}\n" in makefile and f"ASV_GATED ?= {ac.GATED}\n" in makefile
+
+
+@pytest.mark.parametrize("report_only", [False, True])
+def test_asv_report_only_keeps_asvs_verdict_from_failing_make(report_only: bool) -> None:
+    if shutil.which("make") is None or not (REPO_ROOT / ".git").exists():
+        pytest.skip("needs make and the project's git checkout")
+    venv = Path(sys.prefix)
+    args = ["make", "-n", "-o", f"{venv}/.rlgauge-installed", "asv-continuous", f"VENV={venv}", "BASE=HEAD"]
+    proc = subprocess.run([*args, *(["ASV_REPORT_ONLY=1"] if report_only else [])], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    line = next(line for line in proc.stdout.splitlines() if " continuous " in line)
+    assert f"--factor {ac.FACTOR} -b '{ac.GATED}'" in line
+    assert ("|| echo" in line and "report only" in line) == report_only
