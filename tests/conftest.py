@@ -13,6 +13,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
 import pytest
+import torch._dynamo  # noqa: F401 - loaded once per worker: pytester's in-process sessions drop modules
 from hypothesis import HealthCheck, settings
 
 from reference_trainers.runtime import device as dev

@@ -226,6 +226,9 @@ def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
 
     Raises ``DiagnosisFailed`` (with the partial diagnosis) when the trainer raises, and
     ``UserError`` when a user's trainer breaks the contract (exit 2)."""
+    # torch.optim imports torch._dynamo on a first step: imported now, not under the hooks and modes
+    import torch._dynamo  # noqa: F401
+
     state = _State()
     trainer = None
     saved = dev.process_settings()

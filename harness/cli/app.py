@@ -160,6 +160,7 @@ def _trainer_stdout(args: argparse.Namespace | None) -> Iterator[_Captured]:
         return
     out = getattr(args, "out", None)
     captured = _Captured(Path(f"{out}.stdout.txt") if out is not None else Path("rlgauge-stdout.txt"))
+    captured.path.parent.mkdir(parents=True, exist_ok=True)  # as writing --out does
     with open(captured.path, "w", encoding="utf-8") as handle, contextlib.redirect_stdout(handle):
         try:
             yield captured

@@ -38,6 +38,9 @@ class Float64Sentinel(TorchDispatchMode):
 
     def __init__(self, own_code_is_rlgauge: bool = True) -> None:
         super().__init__()
+        # torch.optim imports torch._dynamo on a first step: imported here, not under the mode
+        import torch._dynamo  # noqa: F401
+
         from harness.diagnosis.frames import SiteFinder
 
         self.count = 0
