@@ -206,7 +206,7 @@ def throughput_checks(pair: Pair, th: Thresholds) -> list[Check]:
         ratio = metric_ratio(pair, _metric(key), confidence=th.confidence)
         name, threshold = f"{key} candidate/baseline", f">= {bar:.3f}x (-{th.max_slowdown_pct:g} %)"
         if unstable and ratio is not None:  # a rate of a run that computed the wrong thing is no verdict's base
-            checks.append(Check(name, pair.label, _interval(ratio), threshold, False,
+            checks.append(Check(name, pair.label, _interval(ratio), threshold, None,
                                 f"not judged: the {' and '.join(unstable)} "
                                 f"{'runs are' if len(unstable) > 1 else 'run is'} unstable"))
             continue
