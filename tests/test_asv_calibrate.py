@@ -3,6 +3,7 @@ own rule, bad input stops with one line (exit 2) before any set-up."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -116,8 +117,9 @@ def test_the_twin_commit_has_the_same_tree_and_moves_no_ref(tmp_path: Path) -> N
 def test_make_asv_continuous_refuses_an_unknown_ref_in_one_line_before_any_set_up(variable: str) -> None:
     if shutil.which("make") is None or not (REPO_ROOT / ".git").exists():
         pytest.skip("needs make and the project's git checkout")
-    proc = subprocess.run(["make", "asv-continuous", f"{variable}=nonexistent-ref", f"VENV={sys.prefix}"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # as a user types it,
+    proc = subprocess.run(["make", "asv-continuous", f"{variable}=nonexistent-ref", f"VENV={sys.prefix}"],  # not
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False, env=env)  # under make test
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, lines
     assert f"{variable}=nonexistent-ref is not a commit" in lines[0] and "HEAD~1" in lines[0]
