@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.analyses import asv_calibrate as ac
+from harness.integrations import asv_calibrate as ac
 from harness.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

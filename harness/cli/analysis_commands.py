@@ -340,7 +340,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_asv_calibrate(args: argparse.Namespace) -> int:
-    from harness.analyses import asv_calibrate
+    from harness.integrations import asv_calibrate
 
     args.bench = asv_calibrate.GATED if args.bench is None else args.bench
     args.factor = asv_calibrate.FACTOR if args.factor is None else args.factor
