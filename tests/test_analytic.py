@@ -384,7 +384,7 @@ def test_stacked_mlps_act_through_the_stacked_network_and_drop_it_for_the_update
     try:
         t.iterate()
         assert calls.count(t.num_envs) == t.config.ppo.num_steps + 1  # every rollout step and the bootstrap value
-        assert t.stacked is None  # stale once the update has changed the weights
+        assert t.policy.stacked is None  # stale once the update has changed the weights
     finally:
         t.close()
 

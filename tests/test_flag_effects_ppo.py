@@ -109,7 +109,7 @@ def test_block_noise_draws_the_rollouts_sampling_noise_in_one_call(monkeypatch: 
         shapes = [tuple(args[0]) if isinstance(args[0], tuple) else args for args, g in draws
                   if g is trainer.generator]
         actions = trainer.actions_buf.clone()
-        assert trainer.noise_block is None  # acting outside a rollout draws as it goes
+        assert trainer.numpy_path.noise_block is None  # acting outside a rollout draws as it goes
     assert shapes == ([(STEPS, ENVS)] if on else [(ENVS,)] * STEPS)
     with running("ppo", "optimizations.numpy_acting=true", f"optimizations.block_noise={str(not on).lower()}") as other:
         other.collect()

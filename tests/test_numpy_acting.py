@@ -341,7 +341,7 @@ def test_dqn_numpy_acting_keeps_fp_reorder_parity() -> None:
 def test_host_noise_gives_the_per_step_draws(rows: int, block: int) -> None:
     """Blocks of draws (``block_noise``) hand out, step by step and across a block's end, what one
     torch call per step (a block of one, the plain path) gives from the same generators."""
-    from reference_trainers.value.loop import HostNoise
+    from reference_trainers.value.acting import HostNoise
 
     steps = 2 * block + 5
     noise = HostNoise(rows, 3, torch.Generator().manual_seed(1), torch.Generator().manual_seed(2), block)

@@ -276,8 +276,8 @@ def test_batch_inference_controls_forwards_and_host_copies_per_step(
         cpu_calls_per_step: int) -> None:
     trainer = make_trainer("env.num_envs=4", "ppo.num_steps=8", *overrides)
     try:
-        counter = CountingForward(trainer.forward)
-        trainer.forward = counter
+        counter = CountingForward(trainer.policy.forward)
+        trainer.policy.forward = counter
         with tensor_calls("cpu") as calls:
             frames, decisions = trainer.collect()
         steps = trainer.config.ppo.num_steps

@@ -95,7 +95,7 @@ def test_stacked_mlps_acts_through_one_stacked_torch_network(monkeypatch: pytest
             lambda _m, inputs: None if torch.is_grad_enabled() else acting.append(inputs[0].shape[0]))
         trainer.iterate()
         handle.remove()
-        assert trainer.stacked is None  # dropped once the update changed the weights
+        assert trainer.policy.stacked is None  # dropped once the update changed the weights
     if stacked:
         assert len(built) == 1 and calls == [ENVS] * (STEPS + 1) and acting == []
     else:

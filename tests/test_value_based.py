@@ -171,7 +171,7 @@ def test_batched_epsilon_greedy_picks_the_same_actions_as_per_env(algo: str, chu
 def test_epsilon_decays_linearly_and_controls_exploration(algo: str) -> None:
     trainer = make(algo, "env.num_envs=8", f"{algo}.start_epsilon=1.0", f"{algo}.end_epsilon=0.0",
                    f"{algo}.exploration_steps=100", "optimizations.batch_inference=true")
-    trainer._greedy = lambda obs, fractions: torch.ones(obs.shape[0], dtype=torch.int64)  # every greedy action is 1
+    trainer.policy.greedy = lambda obs, fractions: torch.ones(obs.shape[0], dtype=torch.int64)  # every greedy action is 1
     try:
         obs = trainer.next_obs
         trainer.agent_steps = 100

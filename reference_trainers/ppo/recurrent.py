@@ -16,6 +16,7 @@ rollout ``starts[t] = 1 - valid[t-1]``; only the first step's flags are kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -26,9 +27,10 @@ from torch import nn
 from reference_trainers.state.checkpoint import decode_array, encode_array
 from reference_trainers.nets.networks import RecurrentActorCritic
 from reference_trainers.ppo.loss import ppo_loss
-from reference_trainers.ppo.trainer import PPOTrainer, evaluate_actions, sample_action
+from reference_trainers.ppo.policy import PPOPolicy, evaluate_actions, sample_action
+from reference_trainers.ppo.trainer import PPOTrainer
 
-__all__ = ["RecurrentPPOTrainer", "episode_starts"]
+__all__ = ["RecurrentPPOTrainer", "RecurrentPolicy", "episode_starts"]
 
 
 def episode_starts(first: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -37,71 +39,79 @@ def episode_starts(first: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.cat([first.unsqueeze(0), 1.0 - valid[:-1]])
 
 
+class RecurrentPolicy(PPOPolicy):
+    """The recurrent sampling policy for ``paths.acting``: one hidden-state row per sub-env,
+    zeroed where an observation opens an episode. A step's start flags are taken with its
+    noise (``draw``) and cross to the device with its observations (``inputs``); each forward
+    runs on its rows' state and writes their new state back."""
+
+    def __init__(self, *args: Any, episode_over: Callable[[], np.ndarray], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.episode_over = episode_over
+        self.state = self.model.initial_state(self.num_envs, self.device)
+        self.starts = np.ones(self.num_envs, dtype=bool)  # the next observation opens an episode
+
+    def take_starts(self) -> np.ndarray:
+        """This step's episode-start flags; the next step opens an episode if this is a reset step."""
+        starts, self.starts = self.starts, self.episode_over().copy()
+        return starts.astype(np.float32)
+
+    def draw(self) -> tuple[torch.Tensor, np.ndarray]:
+        return super().draw(), self.take_starts()
+
+    def inputs(self, obs: np.ndarray, start: int, stop: int, draws: tuple[torch.Tensor, np.ndarray]
+               ) -> tuple[torch.Tensor, ...]:
+        rows = stop - start
+        whole = rows == self.num_envs
+        return (self.to_device.observations(obs[start:stop].reshape(rows, -1), "obs" if whole else "obs_row"),
+                self.to_device(draws[1][start:stop], "starts" if whole else "start_row"))
+
+    def __call__(self, inputs: tuple[torch.Tensor, ...], draws: tuple[torch.Tensor, np.ndarray], start: int,
+                 stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        obs, starts = inputs
+        with torch.no_grad():
+            with self.autocast():
+                actor_out, value, new_state = self.forward(obs, self.state[start:stop], starts)
+            action, logprob = sample_action(actor_out, self.log_std(), draws[0][start:stop])
+        self.state[start:stop] = new_state
+        return action, logprob, value.float()
+
+
 class RecurrentPPOTrainer(PPOTrainer):
     """PPO with an LSTM or GRU core; see the module docstring for what differs."""
+
+    policy: RecurrentPolicy
 
     def build_model(self, action_space: gym.Space) -> nn.Module:
         return RecurrentActorCritic(self.obs_dim, action_space, self.config.model)
 
-    def _allocate_storage(self) -> None:
-        super()._allocate_storage()
-        self.state = self.model.initial_state(self.num_envs, self.device)
-        self.starts = np.ones(self.num_envs, dtype=bool)   # the next observation opens an episode
+    def build_policy(self) -> RecurrentPolicy:
+        return RecurrentPolicy(self.model, self.forward, self.learner.autocast, self.to_device, self.generator,
+                               self.device, self.num_envs, self.obs_shape, self.stacked_mlps,
+                               episode_over=lambda: self.episode_over)
+
+    @property
+    def state(self) -> torch.Tensor:
+        """Every sub-env's hidden state (the acting policy's)."""
+        return self.policy.state
+
+    @state.setter
+    def state(self, value: torch.Tensor) -> None:
+        self.policy.state = value
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Which sub-envs' next observation opens an episode."""
+        return self.policy.starts
+
+    @starts.setter
+    def starts(self, value: np.ndarray) -> None:
+        self.policy.starts = value
+
+    def allocate_storage(self) -> None:
+        super().allocate_storage()
         self.rollout_state = self.state.clone()
         self.rollout_starts = torch.ones(self.num_envs, device=self.device)
-
-    # ----------------------------------------------------------------- acting
-    def _recurrent_policy(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, noise: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            with self.learner.autocast():
-                actor_out, value, new_state = self.forward(obs, state, starts)
-            log_std = None if self.discrete else self.model.log_std
-            action, logprob = sample_action(actor_out, log_std, noise)
-        return action, logprob, value.float(), new_state
-
-    def _take_starts(self) -> np.ndarray:
-        """This step's episode-start flags; the next step opens an episode if this is a reset step."""
-        starts, self.starts = self.starts, self.episode_over.copy()
-        return starts.astype(np.float32)
-
-    def _act_per_env(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """Plain path: per sub-env, a forward on its own state row and a host copy of its action."""
-        probe, starts = self.probe, self._take_starts()
-        obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
-        with probe.phase("inference"):
-            noise = self._action_noise()
-        for i in range(self.num_envs):
-            with probe.phase("transfer"):
-                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, -1), "obs_row")
-                start_i = self.to_device(starts[i:i + 1], "start_row")
-            with probe.phase("inference"):
-                action, logprob, value, state = self._recurrent_policy(obs_i, self.state[i:i + 1], start_i, noise[i:i + 1])
-                self.state[i:i + 1] = state
-                host_actions.append(action.cpu().numpy()[0])
-            obs_rows.append(obs_i)
-            actions.append(action)
-            logprobs.append(logprob)
-            values.append(value)
-        return (torch.cat(obs_rows), torch.cat(actions), torch.cat(logprobs), torch.cat(values), np.stack(host_actions))
-
-    def _act_batched(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """Optimised path: one copy of observations and flags, every sub-env's state in one call (chunked)."""
-        starts = self._take_starts()
-        with self.probe.phase("transfer"):
-            obs_t = self.to_device.observations(obs.reshape(self.num_envs, -1), "obs")
-            starts_t = self.to_device(starts, "starts")
-        with self.probe.phase("inference"):
-            chunk = self.config.optimizations.inference_batch_size or self.num_envs
-            noise, parts = self._action_noise(), []
-            for s in range(0, self.num_envs, chunk):
-                *outputs, state = self._recurrent_policy(obs_t[s:s + chunk], self.state[s:s + chunk], starts_t[s:s + chunk],
-                                                       noise[s:s + chunk])
-                parts.append(outputs)
-                self.state[s:s + chunk] = state
-            action, logprob, value = (torch.cat(p) for p in zip(*parts))
-            host_actions = action.cpu().numpy()
-        return obs_t, action, logprob, value, host_actions
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One action selection that leaves the rollout's hidden state and flags as they were."""
@@ -127,7 +137,7 @@ class RecurrentPPOTrainer(PPOTrainer):
         self.rollout_starts = self.to_device(self.starts.astype(np.float32), "starts")
         return super().collect()
 
-    def _minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,  # type: ignore[override]
+    def minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,  # type: ignore[override]
                         advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor, mask: torch.Tensor,
                         starts: torch.Tensor, initial_state: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The PPO loss of a (T, M) block of M whole sub-env sequences, unrolled from their initial state."""

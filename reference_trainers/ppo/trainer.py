@@ -11,7 +11,6 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from reference_trainers.nets import analytic
@@ -29,9 +27,11 @@ from reference_trainers.config.schema import ConfigError, TrainConfig
 from reference_trainers.envs.factory import frames_in_step, open_vector_env
 from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
-from reference_trainers.nets.networks import ActorCritic, StackedMLPs
+from reference_trainers.nets.networks import ActorCritic
+from reference_trainers.paths.acting import choose_acting
 from reference_trainers.paths.numpy_update import HostPPOStep
 from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss, ppo_loss_grads
+from reference_trainers.ppo.policy import NumpyPPOActing, PPOPolicy, action_noise, evaluate_actions, sample_action
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
@@ -39,56 +39,10 @@ from reference_trainers.paths.speedups import CompiledOrEager, HostToDevice, han
 from reference_trainers.runtime.trainer import IterationResult, train_from_command_line
 from reference_trainers.state.trainer_state import Checkpointable
 
-LOG_2PI = math.log(2 * math.pi)
-
-__all__ = ["PPOTrainer", "compute_gae", "compute_gae_fused"]
+__all__ = ["PPOTrainer", "action_noise", "compute_gae", "compute_gae_fused", "evaluate_actions", "sample_action"]
 
 
 # --------------------------------------------------------------------------- pure functions
-
-def action_noise(rows: int, discrete: bool, action_shape: tuple[int, ...], generator: torch.Generator,
-                 device: torch.device) -> torch.Tensor:
-    """One step's sampling noise for ``rows`` sub-envs, drawn in one call whatever the inference path.
-
-    A row's action depends only on its own row of noise, so a per-env forward, chunked or
-    batched inference sample the same actions on every device (CUDA's generator gives
-    other numbers for one call of N than for N calls of one).
-    """
-    if discrete:  # one uniform per row: inverse-CDF sampling
-        return torch.rand(rows, generator=generator, device=device)
-    return torch.randn((rows, *action_shape), generator=generator, device=device, dtype=torch.float32)
-
-
-def sample_action(actor_out: torch.Tensor, log_std: torch.Tensor | None, noise: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Actions and their log-probabilities (float32) from the policy head and this step's ``action_noise``."""
-    actor_out = actor_out.float()
-    if log_std is None:  # categorical over logits: the first action whose cumulative probability reaches u
-        log_probs = F.log_softmax(actor_out, dim=-1)
-        below = log_probs.exp().cumsum(-1) < noise.unsqueeze(-1)
-        action = below.sum(-1).clamp_(max=actor_out.shape[-1] - 1)
-        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-    action = actor_out + log_std.exp() * noise
-    return action, gaussian_log_prob(actor_out, log_std, action)
-
-
-def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Diagonal Gaussian log-density, summed over action dimensions."""
-    z = (action - mean) * torch.exp(-log_std)
-    return (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
-
-
-def evaluate_actions(actor_out: torch.Tensor, log_std: torch.Tensor | None, action: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability and entropy of given actions under the current policy."""
-    actor_out = actor_out.float()
-    if log_std is None:
-        log_probs = F.log_softmax(actor_out, dim=-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy
-    entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1).expand(actor_out.shape[0])
-    return gaussian_log_prob(actor_out, log_std, action), entropy
-
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_value: torch.Tensor, terminated: torch.Tensor,
                 truncated: torch.Tensor, valid: torch.Tensor, gamma: float, lam: float
@@ -189,7 +143,7 @@ class PPOTrainer(Checkpointable):
                                       uint8=bool(o.uint8_transfer))
         self.prefetcher = Prefetcher(o.num_workers)
         self.analytic = bool(o.analytic_grads)
-        loss = self._minibatch_analytic if self.analytic else self._minibatch_loss
+        loss = self._minibatch_analytic if self.analytic else self.minibatch_loss
         self.learner = Learner(self.model, loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
                                sets_grads=self.analytic)
         self.forward = maybe_compile(self.learner.train_model, o)
@@ -206,23 +160,21 @@ class PPOTrainer(Checkpointable):
             self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
             self.analytic_step = hand_written_step(self._analytic_grads, cpp_wrapper=bool(o.compile_cpp_wrapper))
         self.aten_tanh_from = analytic.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
+        # acting: the policy, and the path that batches it (per sub-env, batched, or NumPy), chosen once
         self.numpy_acting = bool(o.numpy_acting)
         self.block_noise = bool(o.block_noise)  # the rollout's sampling uniforms drawn in one call as it starts
-        self.noise_block: np.ndarray | None = None
-        self.noise_row = 0
-        self.act = (self._act_numpy if self.numpy_acting else self._act_batched if o.batch_inference
-                    else self._act_per_env)
-        self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
-        self.lean = bool(o.lean_rollout)
         self.stacked_mlps = bool(o.stacked_mlps)
-        self.stacked: StackedMLPs | None = None  # stacked_mlps: the torch acting snapshot of actor and critic
-        self.host_policy: tuple[host.NumpyMLP, ...] | None = None  # numpy_acting: the NumPy acting forward(s)
-        self.host_split = 0
+        self.policy = self.build_policy()
+        self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
+        self.numpy_path = NumpyPPOActing(self.policy, self.probe, self.inference_chunk) if self.numpy_acting else None
+        self.act = choose_acting(self.policy, self.num_envs, self.probe, o.batch_inference, o.inference_batch_size,
+                                 self.numpy_path)
+        self.lean = bool(o.lean_rollout)
         self.gae = compute_gae_fused if o.fused_gae else compute_gae
         self.packed = bool(o.packed_gather)
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
-        self._allocate_storage()
+        self.allocate_storage()
         self.env_steps = self.agent_steps = self.updates = self.iterations = 0
         self.last_stats: dict[str, float] = {}
 
@@ -232,6 +184,11 @@ class PPOTrainer(Checkpointable):
             raise ConfigError(f"model.recurrent: {self.config.model.recurrent!r} needs RecurrentPPOTrainer "
                               "(reference_trainers.build_trainer picks it); PPOTrainer accepts: none")
         return ActorCritic(self.obs_shape, action_space, self.config.model)
+
+    def build_policy(self) -> PPOPolicy:
+        """The torch acting policy the acting paths batch (the recurrent trainer carries hidden state)."""
+        return PPOPolicy(self.model, self.forward, self.learner.autocast, self.to_device, self.generator, self.device,
+                         self.num_envs, self.obs_shape, self.stacked_mlps)
 
     @property
     def nonfinite_events(self) -> int:
@@ -245,7 +202,7 @@ class PPOTrainer(Checkpointable):
         self._drop_snapshots()  # the loaded weights replace those the acting snapshots were taken from
 
     # ----------------------------------------------------------------- storage
-    def _allocate_storage(self) -> None:
+    def allocate_storage(self) -> None:
         T, N, d = self.config.ppo.num_steps, self.num_envs, self.device
         zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=d)  # noqa: E731
         # uint8 frames are stored as they arrive with uint8_transfer (float32 values 0..255 otherwise)
@@ -262,110 +219,15 @@ class PPOTrainer(Checkpointable):
         self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if staged_obs else None
 
     # ----------------------------------------------------------------- acting
-    def _action_noise(self) -> torch.Tensor:
-        """This step's sampling noise for every sub-env (see ``action_noise``)."""
-        shape = () if self.discrete else tuple(self.model.log_std.shape)
-        return action_noise(self.num_envs, self.discrete, shape, self.generator, self.device)
-
-    def _host_noise(self) -> np.ndarray:
-        """``numpy_acting``: this step's sampling noise as a NumPy row. Plain: one torch call per step.
-        ``block_noise``: the next row of the block ``collect`` drew as the rollout started (on the
-        CPU one call for (steps, envs) gives the same numbers, in order, as one call per step)."""
-        block = self.noise_block
-        if block is not None and self.noise_row < len(block):
-            self.noise_row += 1
-            return block[self.noise_row - 1]
-        return self._action_noise().numpy()
-
     def _drop_snapshots(self) -> None:
         """Forget the acting snapshots (stacked torch network, NumPy forwards): the weights changed."""
-        self.stacked = self.host_policy = None
-
-    def _actor_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actor output, value) for acting: the model's own forward (plain), or under ``stacked_mlps``
-        one stacked network (``StackedMLPs``, snapshot once per rollout: one matmul per layer for both)."""
-        if not self.stacked_mlps:
-            return self.forward(obs)
-        if self.stacked is None:
-            self.stacked = StackedMLPs(self.model.actor, self.model.critic)
-        actor_out, value = self.stacked(obs)
-        return actor_out, value.squeeze(-1)
-
-    def _policy(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            with self.learner.autocast():
-                actor_out, value = self._actor_critic(obs)
-            log_std = None if self.discrete else self.model.log_std
-            action, logprob = sample_action(actor_out, log_std, noise)
-        return action, logprob, value.float()
-
-    def _act_per_env(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """Plain path: one forward per sub-env and a host copy of each action."""
-        probe = self.probe
-        obs_rows, actions, logprobs, values, host_actions = [], [], [], [], []
-        with probe.phase("inference"):
-            noise = self._action_noise()
-        for i in range(self.num_envs):
-            with probe.phase("transfer"):
-                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
-            with probe.phase("inference"):
-                action, logprob, value = self._policy(obs_i, noise[i:i + 1])
-                host_actions.append(action.cpu().numpy()[0])
-            obs_rows.append(obs_i)
-            actions.append(action)
-            logprobs.append(logprob)
-            values.append(value)
-        return (torch.cat(obs_rows), torch.cat(actions), torch.cat(logprobs), torch.cat(values), np.stack(host_actions))
-
-    def _act_batched(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """Optimised path: one host->device copy, batched forward (chunked), one host copy of actions."""
-        with self.probe.phase("transfer"):
-            obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
-        with self.probe.phase("inference"):
-            chunk = self.config.optimizations.inference_batch_size or self.num_envs
-            noise = self._action_noise()
-            if chunk >= self.num_envs:
-                action, logprob, value = self._policy(obs_t, noise)
-            else:
-                parts = [self._policy(obs_t[s:s + chunk], noise[s:s + chunk]) for s in range(0, self.num_envs, chunk)]
-                action, logprob, value = (torch.cat(p) for p in zip(*parts))
-            host_actions = action.cpu().numpy()
-        return obs_t, action, logprob, value, host_actions
-
-    def _numpy_forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``numpy_acting``: (actor output, value) in NumPy, in forwards of ``inference_chunk`` rows.
-        Plain: the actor and the critic as two forwards over views of their weights. Under
-        ``stacked_mlps``: one side-by-side forward, a snapshot per rollout (contiguous weight copies;
-        wide acting batches split the block-diagonal layers)."""
-        actor, critic = self.model.actor, self.model.critic
-        if self.host_policy is None:
-            self.host_policy = ((host.NumpyMLP.side_by_side(actor, critic),) if self.stacked_mlps
-                                else (host.NumpyMLP.of(actor), host.NumpyMLP.of(critic)))
-            self.host_split = actor[-1].out_features
-        if self.stacked_mlps:
-            out = host.in_chunks(self.host_policy[0], obs, self.inference_chunk)
-            return out[:, :self.host_split], out[:, self.host_split]
-        actor_forward, critic_forward = self.host_policy
-        return (host.in_chunks(actor_forward, obs, self.inference_chunk),
-                host.in_chunks(critic_forward, obs, self.inference_chunk)[:, 0])
-
-    def _act_numpy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``numpy_acting``: the actor-critic forward and the sampling in NumPy, from the same torch
-        noise, for all sub-envs at once or per sub-env / chunk as ``batch_inference`` says; every
-        output stays on the host."""
-        with self.probe.phase("inference"):
-            noise = self._host_noise()
-            obs = obs.reshape(self.num_envs, *self.obs_shape)
-            actor_out, value = self._numpy_forward(obs)
-            if self.discrete:
-                action, logprob = host.sample_categorical(actor_out, noise)
-            else:
-                action, logprob = host.sample_gaussian(actor_out, host.host_view(self.model.log_std), noise)
-        return obs, action, logprob, value, action
+        self.policy.drop_snapshot()
+        if self.numpy_path is not None:
+            self.numpy_path.drop_snapshot()
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One action selection for a batch of ``num_envs`` observations (host in, env-ready actions out)."""
-        return self._env_actions(self.act(obs)[4])
+        return self._env_actions(self.act(obs).host_actions)
 
     def _env_actions(self, host_actions: np.ndarray) -> np.ndarray:
         if self.discrete:
@@ -377,12 +239,12 @@ class PPOTrainer(Checkpointable):
         """Fill the rollout storage; returns (env frames, agent steps)."""
         self._drop_snapshots()  # acting snapshots are taken afresh from the weights this rollout acts with
         if self.block_noise:  # every acting draw of this rollout, in the order its steps take them
-            self.noise_block = torch.rand((self.config.ppo.num_steps, self.num_envs), generator=self.generator).numpy()
-            self.noise_row = 0
+            self.numpy_path.start_rollout(self.config.ppo.num_steps)
         try:
             return self._collect_lean() if self.lean else self._collect_plain()
         finally:
-            self.noise_block = None  # acting outside a rollout draws as it goes
+            if self.numpy_path is not None:
+                self.numpy_path.end_rollout()
 
     def _collect_plain(self) -> tuple[int, int]:
         """Plain path: every step's tensors cross to the device and are written to storage as they come."""
@@ -390,7 +252,7 @@ class PPOTrainer(Checkpointable):
         for t in range(self.config.ppo.num_steps):
             with probe.phase("transfer"):
                 self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
-            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            obs_t, (action, logprob, value), host_actions = self.act(self.next_obs)
             self.obs_buf[t] = torch.as_tensor(obs_t)  # numpy_acting hands back host arrays
             self.actions_buf[t] = torch.as_tensor(action)
             self.logprobs_buf[t] = torch.as_tensor(logprob)
@@ -420,7 +282,7 @@ class PPOTrainer(Checkpointable):
         framed: list[int] = []  # steps whose info reports frames (action repeat); the others count their valid rows
         for t in range(steps):
             host[0, t] = ~self.episode_over
-            obs_t, action, logprob, value, host_actions = self.act(self.next_obs)
+            obs_t, (action, logprob, value), host_actions = self.act(self.next_obs)
             if self.numpy_acting:  # a copy: a vector env may hand back the same array each step
                 host_obs[t] = obs_t
             else:
@@ -454,7 +316,7 @@ class PPOTrainer(Checkpointable):
         return frames, steps * self.num_envs
 
     # ----------------------------------------------------------------- update
-    def _minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
+    def minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
                         advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
                         mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The PPO loss of one minibatch (the learner adds backward, clipping and the step)."""
@@ -507,7 +369,7 @@ class PPOTrainer(Checkpointable):
         with self.probe.phase("inference"):
             next_obs = self.to_device.observations(self.next_obs.reshape(self.num_envs, *self.obs_shape), "obs")
             with torch.no_grad(), self.learner.autocast():
-                next_value = self._actor_critic(next_obs)[1].float()
+                next_value = self.policy.actor_critic(next_obs)[1].float()
         self._drop_snapshots()  # the update changes the weights
         with self.probe.phase("update"):
             self._set_learning_rate()

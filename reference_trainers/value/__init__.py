@@ -1,1 +1,2 @@
-"""Value-based trainers: DQN (``dqn``), IQN (``iqn``) and the loop they share (``loop``)."""
+"""Value-based trainers: DQN (``dqn``), IQN (``iqn``), the loop they share (``loop``) and their
+epsilon-greedy acting (``acting``)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,64 +33,17 @@ from reference_trainers.envs.factory import frames_in_step, open_vector_env
 from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from reference_trainers.replay.writers import make_writer
-from reference_trainers.paths.numpy_acting import NumpyMLP, chunk_rows, in_chunks
+from reference_trainers.paths.acting import choose_acting
+from reference_trainers.paths.numpy_acting import NumpyMLP, chunk_rows
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
 from reference_trainers.paths.speedups import HostToDevice, hand_written_step
 from reference_trainers.runtime.trainer import IterationResult
 from reference_trainers.state.trainer_state import Checkpointable
+from reference_trainers.value.acting import ActingNoise, EpsilonGreedy, HostNoise, NumpyEpsilonGreedy
 
-
-class ActingNoise(NamedTuple):
-    """One step's random draws for epsilon-greedy acting, one row per sub-env."""
-
-    uniform: torch.Tensor                  # explore where uniform < epsilon
-    random_action: torch.Tensor            # the action taken when exploring
-    fractions: torch.Tensor | None         # IQN's quantile fractions (rows, K); None for DQN
-
-    def rows(self, start: int, stop: int) -> ActingNoise:
-        fractions = None if self.fractions is None else self.fractions[start:stop]
-        return ActingNoise(self.uniform[start:stop], self.random_action[start:stop], fractions)
-
-
-class HostNoise:
-    """``numpy_acting``'s epsilon-greedy draws as NumPy rows, handed out one vector step at a time.
-
-    Plain path (``block_steps`` 1): two torch calls (``torch.rand``, ``torch.randint``) per step.
-    ``block_noise``: the draws of ``block_steps`` steps (``tuning.noise_block_steps``) in those two
-    calls. On the CPU one call for (steps, rows) gives the same numbers, in order, as one call per
-    step, so every step sees the same draws either way (``test_host_noise_gives_the_per_step_draws``).
-    ``state_dict`` keeps the rows not yet handed out: a resumed run goes on with them, then draws
-    from the restored generators.
-    """
-
-    def __init__(self, rows: int, num_actions: int, explore: torch.Generator, action: torch.Generator,
-                 block_steps: int = 1) -> None:
-        self.rows, self.num_actions, self.block_steps = rows, num_actions, block_steps
-        self.explore, self.action = explore, action
-        self.uniform = np.empty((0, rows), dtype=np.float32)
-        self.random_action = np.empty((0, rows), dtype=np.int64)
-        self.position = 0
-
-    def next(self) -> tuple[np.ndarray, np.ndarray]:
-        """This step's (uniform, random action), one per sub-env."""
-        if self.position == len(self.uniform):
-            shape = (self.block_steps, self.rows)
-            self.uniform = torch.rand(shape, generator=self.explore).numpy()
-            self.random_action = torch.randint(self.num_actions, shape, generator=self.action).numpy()
-            self.position = 0
-        step = self.position
-        self.position += 1
-        return self.uniform[step], self.random_action[step]
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"uniform": torch.from_numpy(self.uniform[self.position:].copy()),
-                "random_action": torch.from_numpy(self.random_action[self.position:].copy())}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.uniform, self.random_action = state["uniform"].numpy(), state["random_action"].numpy()
-        self.position = 0
+__all__ = ["ActingNoise", "HostNoise", "ValueTrainer", "linear_epsilon"]
 
 
 def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> float:
@@ -157,15 +110,23 @@ class ValueTrainer(Checkpointable):
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
-        self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
+        # acting: epsilon-greedy, batched per sub-env, for all of them, or in NumPy (chosen once)
+        self.policy = EpsilonGreedy(self, self.learner.autocast, self.to_device, self.explore_generator,
+                                    self.action_generator, self.device, self.num_envs, self.num_actions, self.obs_shape,
+                                    self.epsilon)
         self.inference_chunk = chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
+        self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
         self.host_noise: HostNoise | None = None  # numpy_acting: the acting draws (block_noise: a block of steps)
+        self.numpy_path: NumpyEpsilonGreedy | None = None
         if o.numpy_acting:
             self.host_q = self._host_q_network()
             block = c.tuning.noise_block_steps if o.block_noise else 1
             self.host_noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator,
                                         block)
-        self.act = self._act_numpy if o.numpy_acting else self._act_batched if o.batch_inference else self._act_per_env
+            self.numpy_path = NumpyEpsilonGreedy(self.host_q, self.host_noise, self.probe, self.num_envs,
+                                                 self.inference_chunk, self.epsilon)
+        self.act = choose_acting(self.policy, self.num_envs, self.probe, o.batch_inference, o.inference_batch_size,
+                                 self.numpy_path)
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.episode_over = np.zeros(self.num_envs, dtype=bool)  # the next step of this sub-env is a reset step
@@ -238,8 +199,8 @@ class ValueTrainer(Checkpointable):
         return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        if self.host_q is not None:  # the weights were loaded in place; view them again all the same
-            self.host_q = self._host_q_network()
+        if self.numpy_path is not None:  # the weights were loaded in place; view them again all the same
+            self.host_q = self.numpy_path.q_network = self._host_q_network()
         self.target.load_state_dict(state["target"])
         self.replay.load_state_dict(state["replay"])
         self.writer.load_state_dict(state["writer"])
@@ -253,77 +214,20 @@ class ValueTrainer(Checkpointable):
         hp = self.hp
         return linear_epsilon(self.agent_steps, hp.start_epsilon, hp.end_epsilon, hp.exploration_steps)
 
-    def _acting_noise(self) -> ActingNoise:
-        """This step's random draws for every sub-env, each in one call whatever the inference path.
-
-        A row's action depends only on its own rows of noise, so per-env, chunked and batched
-        inference choose the same actions on every device (CUDA's generator gives other
-        numbers for one call of N than for N calls of one).
-        """
-        n = self.num_envs
-        return ActingNoise(torch.rand(n, generator=self.explore_generator, device=self.device),
-                           torch.randint(self.num_actions, (n,), generator=self.action_generator, device=self.device),
-                           self.acting_fractions(n))
-
-    def _greedy(self, obs: torch.Tensor, fractions: torch.Tensor | None) -> torch.Tensor:
-        with torch.no_grad(), self.learner.autocast():
-            return self.q_values(obs, fractions).float().argmax(-1)
-
-    @staticmethod
-    def _explore(greedy: torch.Tensor, epsilon: float, noise: ActingNoise) -> torch.Tensor:
-        """Epsilon-greedy on the device: the ``torch.rand`` mask picks the ``torch.randint`` actions."""
-        return torch.where(noise.uniform < epsilon, noise.random_action, greedy)
-
-    def _act_per_env(self, obs: np.ndarray) -> np.ndarray:
-        """Plain path: per sub-env, a forward, an epsilon-greedy choice and a host copy of the action."""
-        probe, epsilon, actions = self.probe, self.epsilon(), []
-        with probe.phase("inference"):
-            noise = self._acting_noise()
-        for i in range(self.num_envs):
-            with probe.phase("transfer"):
-                obs_i = self.to_device.observations(obs[i:i + 1].reshape(1, *self.obs_shape), "obs_row")
-            with probe.phase("inference"):
-                row = noise.rows(i, i + 1)
-                actions.append(self._explore(self._greedy(obs_i, row.fractions), epsilon, row).cpu().numpy()[0])
-        return np.array(actions, dtype=np.int64)
-
-    def _act_batched(self, obs: np.ndarray) -> np.ndarray:
-        """Optimised path: one host->device copy, batched forward (chunked), one host copy of the actions."""
-        with self.probe.phase("transfer"):
-            obs_t = self.to_device.observations(obs.reshape(self.num_envs, *self.obs_shape), "obs")
-        with self.probe.phase("inference"):
-            chunk = self.config.optimizations.inference_batch_size or self.num_envs
-            noise = self._acting_noise()
-            if chunk >= self.num_envs:
-                greedy = self._greedy(obs_t, noise.fractions)
-            else:
-                greedy = torch.cat([self._greedy(obs_t[s:s + chunk], noise.rows(s, s + chunk).fractions)
-                                    for s in range(0, self.num_envs, chunk)])
-            return self._explore(greedy, self.epsilon(), noise).cpu().numpy()
-
     def _host_q_network(self) -> NumpyMLP:
         """``numpy_acting``: the Q-network's MLP as a NumPy forward over zero-copy views of its weights."""
         return NumpyMLP.of(self.model.net)  # the registry limits numpy_acting to MLP Q-networks
 
-    def _act_numpy(self, obs: np.ndarray) -> np.ndarray:
-        """``numpy_acting``: the greedy forward (all sub-envs at once or per sub-env / chunk, as
-        ``batch_inference`` says) and the epsilon-greedy choice in NumPy, from the same torch
-        draws as the other paths (``HostNoise``: per step, or a block of steps under ``block_noise``)."""
-        with self.probe.phase("inference"):
-            uniform, random_action = self.host_noise.next()
-            greedy = in_chunks(self.host_q, obs.reshape(self.num_envs, -1), self.inference_chunk).argmax(-1)
-            return np.where(uniform < self.epsilon(), random_action, greedy)
-
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One epsilon-greedy action selection for ``num_envs`` observations (host in, host out)."""
-        return self.act(obs)
+        return self.act(obs).host_actions
 
     # ----------------------------------------------------------------- collect
     def _env_step(self) -> int:
         """One vector-env step; its transitions go to replay. Returns the frames it took."""
         probe, n = self.probe, self.num_envs
         obs = self.next_obs
-        actions = self.act(obs)
+        actions = self.act(obs).host_actions
         with probe.phase("env"):
             self.next_obs, reward, terminated, truncated, info = self.envs.step(actions)
         with probe.phase("transfer"):

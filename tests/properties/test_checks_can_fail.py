@@ -9,6 +9,7 @@ import torch
 from harness.stats.parity import EXACT, REDUCED_PRECISION
 from parity_runs import SEVERAL_UPDATES, assert_clean, assert_parity, reference, train
 from reference_trainers.ppo import trainer as ppo
+from reference_trainers.paths.acting import BatchedActing
 from reference_trainers.paths.learner import Learner, NonFiniteError
 
 
@@ -51,13 +52,13 @@ def test_nan_policy_raise_stops_training(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_exact_parity_catches_a_wrong_index_in_the_batched_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A batched path that pairs env i's observation with env i+1's action must not pass as exact."""
-    real_act = ppo.PPOTrainer._act_batched
+    real_act = BatchedActing.__call__
 
     def off_by_one(self, obs):  # noqa: ANN001, ANN202
-        obs_t, action, logprob, value, host_actions = real_act(self, obs)
-        return obs_t, action, logprob, value, np.roll(host_actions, 1, axis=0)
+        step = real_act(self, obs)
+        return step._replace(host_actions=np.roll(step.host_actions, 1, axis=0))
 
-    monkeypatch.setattr(ppo.PPOTrainer, "_act_batched", off_by_one)
+    monkeypatch.setattr(BatchedActing, "__call__", off_by_one)
     outcome = train(["optimizations.batch_inference=true"], seed=0)
     assert_clean(outcome)  # nothing non-finite or float64: only parity can see this bug
     with pytest.raises(AssertionError, match="exact parity broken|exact:"):
