@@ -45,7 +45,7 @@ GATE_OUT ?=
 GATE_BASE_ARGS ?= --steps 2048 --repeats 3 --set run.warmup_steps=1024 --rounds 9 --max-slowdown 10
 GATE_BASE_OUT ?=
 
-.PHONY: install bench test test-fast asv-machine asv-check asv-quick asv-continuous asv-report asv-publish gate gate-base clean
+.PHONY: install bench test test-slow test-all asv-machine asv-check asv-quick asv-continuous asv-report asv-publish gate gate-base clean
 
 install: $(STAMP)
 
@@ -58,15 +58,19 @@ $(STAMP): pyproject.toml Makefile
 bench: install
 	$(BIN)/rlgauge run ppo-cartpole
 
-# Tests marked `serial` measure absolute speed (asv across commits): they run first, alone,
-# then everything else in parallel (its summary closes the log). Work stealing: an idle worker
-# takes tests queued on a busy one, so the long learning checks do not leave a core idle at the end.
+# `make test`: the suite without the `slow` checks (learning runs, real asv and gate runs), in
+# two phases: tests marked `serial` compare absolute speed and run first, alone; then the rest
+# with `pytest -n auto`. Work stealing: an idle worker takes tests queued on a busy one.
+# `make test-slow`: the `slow` checks, in the same two phases. `make test-all`: both (CI runs both).
 test: install
-	$(BIN)/python -m pytest -m serial
-	$(BIN)/python -m pytest -n auto --dist worksteal -m "not serial"
+	$(BIN)/python -m pytest -m "serial and not slow"
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "not serial and not slow"
 
-test-fast: install
-	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow"
+test-slow: install
+	$(BIN)/python -m pytest -m "serial and slow"
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "slow and not serial"
+
+test-all: test-slow test
 
 asv-machine: install
 	$(BIN)/asv machine --yes
