@@ -496,7 +496,7 @@ FLAGS: tuple[Flag, ...] = (
          "the same gradients by hand: other float op order than autograd's",
          "autograd records the forward and runs its backward.",
          "the gradients of the loss and of every layer computed by hand under no_grad.",
-         _at("nets.analytic", "ppo.trainer:PPOTrainer._analytic_grads", "value.loop:ValueTrainer.analytic_grads"), "update",
+         _at("nets.mlp:mlp_backward", "ppo.trainer:PPOTrainer._analytic_grads", "value.loop:ValueTrainer.analytic_grads"), "update",
          algos=("ppo", "dqn"), bodies=("mlp",), blockers=_analytic_blockers,
          auto=lambda ctx: (ctx.on_cpu, "per-op overhead dominates small CPU updates; hand-written gradients need no "
                                        "autograd graph" if ctx.on_cpu else "measured on the CPU only; autograd on accelerators"),
@@ -541,7 +541,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_o("aten_tanh"), BoolOrAuto, False, (True,), "auto", FP_REORDER, "ATen's tanh rounds differently from inductor's",
          "inductor's generated tanh inside the compiled step.",
          "ATen's tanh kernel for activations of at least `tuning.aten_tanh_min_elements` elements.",
-         _at("nets.analytic:tanh"), "update", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
+         _at("nets.mlp:tanh"), "update", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
          blockers=_aten_tanh_blockers, auto=_always("ATen's vectorised tanh is faster on large CPU activations")),
     Flag(_o("gather_in_step"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the same rows gathered inside the step instead of before it",
