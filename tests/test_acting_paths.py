@@ -22,7 +22,7 @@ from reference_trainers.value.acting import EpsilonGreedy, NumpyEpsilonGreedy
 TINY = ["device=cpu", "env.num_envs=3", "env.vectorization=serial", "model.hidden_sizes=[16,16]", "run.steps=64"]
 TRAINERS = {
     "ppo": ["algo=ppo", "ppo.num_steps=8"],
-    "ppo-lstm": ["algo=ppo", "ppo.num_steps=8", "model.recurrent=lstm"],
+    "ppo-lstm": ["algo=ppo", "ppo.num_steps=8", "ppo.num_minibatches=1", "model.recurrent=lstm"],
     "dqn": ["algo=dqn"],
     "iqn": ["algo=iqn"],
 }

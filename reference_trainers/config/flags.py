@@ -505,7 +505,7 @@ FLAGS: tuple[Flag, ...] = (
          "NumPy's float32 matmul sums in another order than torch's",
          "the acting forward and action choice in torch ops.",
          "the acting forward and action choice in NumPy over zero-copy views of the weights.",
-         _at("paths.numpy_acting:NumpyMLP", "ppo.policy:NumpyPPOActing", "value.acting:NumpyEpsilonGreedy"), "inference", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
+         _at("nets.mlp:NumpyMLP", "ppo.policy:NumpyPPOActing", "value.acting:NumpyEpsilonGreedy"), "inference", algos=("ppo", "dqn"), devices=("cpu",), bodies=("mlp",),
          blockers=_numpy_acting_blockers,
          auto=_always("torch's per-op dispatch dominates a forward of a few rows; NumPy calls cost less"),
          advice="numpy_acting=true (the acting forward in NumPy over the same weights)"),
