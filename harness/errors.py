@@ -1,4 +1,7 @@
-"""The one user-error type: the CLI turns it into a one-line message and exit code 2."""
+"""The one user-error type (the CLI turns it into a one-line message and exit code 2) and the exit codes."""
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""Every rlgauge command's exit codes: done, a check failed, bad input or no verdict, interrupted."""
 
 
 class UserError(Exception):

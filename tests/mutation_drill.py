@@ -103,7 +103,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "block = c.tuning.noise_block_steps if o.block_noise else 1", "block = 1"),
     Mutant("replay-direct-write-ignored", _o("replay_direct_write"), "reference_trainers/value/loop.py",
            "self.direct_write = bool(o.replay_direct_write)", "self.direct_write = False"),
-    Mutant("aten-tanh-ignored", _o("aten_tanh"), "reference_trainers/nets/analytic.py",
+    Mutant("aten-tanh-ignored", _o("aten_tanh"), "reference_trainers/nets/mlp.py",
            "def aten_tanh_from(config: TrainConfig) -> int | None:",
            "def aten_tanh_from(config: TrainConfig) -> int | None:\n    return None\n\n\ndef _unused(config: TrainConfig) -> int | None:"),
     # PPO

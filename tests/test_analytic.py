@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
-from reference_trainers.nets import analytic
+from reference_trainers.nets import mlp as mlp_maths
 from reference_trainers.config.schema import build_config
 from reference_trainers.config.flags import TUNING
 from reference_trainers.nets.networks import StackedMLPs, mlp
@@ -67,8 +67,8 @@ def test_mlp_backward_matches_autograd(activation: str) -> None:
     expected = {name: p.grad.clone() for name, p in net.named_parameters()}
     net.zero_grad(set_to_none=True)
     with torch.no_grad():
-        out, saved = analytic.mlp_forward(net, x)
-        analytic.mlp_backward(saved, grad_out)
+        out, saved = mlp_maths.mlp_forward(net, x)
+        mlp_maths.mlp_backward(saved, grad_out)
     torch.testing.assert_close(out, net(x).detach(), rtol=0, atol=0)
     for name, p in net.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], **FP_REORDER)
@@ -253,10 +253,10 @@ def test_analytic_grads_auto_resolves_where_it_applies(overrides: list[str], exp
 def test_mlp_grads_are_the_gradients_mlp_backward_sets() -> None:
     torch.manual_seed(4)
     net = mlp(5, [16, 8], 3, "relu", out_std=1.0)
-    out, saved = analytic.mlp_forward(net, torch.randn(6, 5))
+    out, saved = mlp_maths.mlp_forward(net, torch.randn(6, 5))
     grad_out = torch.randn_like(out)
-    grads = analytic.mlp_grads(saved, grad_out)
-    analytic.mlp_backward(saved, grad_out)
+    grads = mlp_maths.mlp_grads(saved, grad_out)
+    mlp_maths.mlp_backward(saved, grad_out)
     assert len(grads) == len(list(net.parameters()))
     for p, g in zip(net.parameters(), grads):
         torch.testing.assert_close(g, p.grad, rtol=0, atol=0)
@@ -287,8 +287,8 @@ def test_a_compiled_cpu_step_calls_atens_tanh_on_large_activations(rows: int, at
     x = torch.randn(rows, 4)
 
     def step(x: torch.Tensor) -> list[torch.Tensor]:
-        out, saved = analytic.mlp_forward(net, x, ATEN_TANH_FROM)
-        return analytic.mlp_grads(saved, torch.ones_like(out))
+        out, saved = mlp_maths.mlp_forward(net, x, ATEN_TANH_FROM)
+        return mlp_maths.mlp_grads(saved, torch.ones_like(out))
 
     with torch.no_grad():
         ops = _compiled_graph_ops(step, x)
@@ -301,8 +301,8 @@ def test_a_compiled_cpu_step_calls_atens_tanh_on_large_activations(rows: int, at
 
 def test_aten_tanh_is_torch_tanh_outside_a_compiled_step() -> None:
     x = torch.randn(ATEN_TANH_FROM + 5)
-    torch.testing.assert_close(analytic.aten_tanh(x), torch.tanh(x), rtol=0, atol=0)
-    assert analytic.tanh(x, ATEN_TANH_FROM).equal(torch.tanh(x))
+    torch.testing.assert_close(mlp_maths.aten_tanh(x), torch.tanh(x), rtol=0, atol=0)
+    assert mlp_maths.tanh(x, ATEN_TANH_FROM).equal(torch.tanh(x))
 
 
 @pytest.mark.slow  # inductor compiles: seconds each with a warm cache

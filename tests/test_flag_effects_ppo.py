@@ -24,8 +24,7 @@ from flag_effects import (
 )
 from precision_state import cuda_tf32_enabled
 
-from reference_trainers.nets import analytic
-from reference_trainers.paths import numpy_acting
+from reference_trainers.nets import mlp as mlp_maths
 from reference_trainers.paths import numpy_update
 from reference_trainers.runtime import device as dev
 
@@ -59,7 +58,7 @@ def test_batch_inference_runs_one_acting_forward_per_step_instead_of_one_per_sub
 def test_inference_batch_size_chunks_the_numpy_acting_forward(monkeypatch: pytest.MonkeyPatch, algo: str, chunk: Any,
                                                                largest: int) -> None:
     """Under numpy_acting the acting forwards are NumPy calls: null, one of all sub-envs; k, of at most k rows."""
-    shapes = spy(monkeypatch, numpy_acting.NumpyMLP, "__call__", lambda _self, x, *_: x.shape[0])
+    shapes = spy(monkeypatch, mlp_maths.NumpyMLP, "__call__", lambda _self, x, *_: x.shape[0])
     with running(algo, "optimizations.numpy_acting=true", "optimizations.batch_inference=true",
                  f"optimizations.inference_batch_size={chunk}") as trainer:
         trainer.iterate()
@@ -87,7 +86,7 @@ def test_inference_batch_size_splits_the_batched_forward_into_chunks(algo: str, 
 @pytest.mark.parametrize("on", [False, True])
 def test_numpy_acting_acts_through_numpy_instead_of_torch_forwards(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     """On: every acting forward runs in NumPy and only the bootstrap value is a torch forward."""
-    numpy_calls = spy(monkeypatch, numpy_acting.NumpyMLP, "__call__")
+    numpy_calls = spy(monkeypatch, mlp_maths.NumpyMLP, "__call__")
     with running("ppo", f"optimizations.numpy_acting={str(on).lower()}") as trainer:
         rows, remove = no_grad_forward_rows(trainer.model)
         trainer.iterate()
@@ -134,7 +133,7 @@ def test_lean_rollout_copies_the_rollout_scalars_once_per_rollout(monkeypatch: p
 def test_analytic_grads_sets_ppo_gradients_by_hand_without_autograd(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     """Plain: one autograd backward per update; on: none, the actor's and critic's gradients by hand."""
     backwards = spy(monkeypatch, torch.autograd, "backward")
-    by_hand = spy(monkeypatch, analytic, "mlp_backward")
+    by_hand = spy(monkeypatch, mlp_maths, "mlp_backward")
     with running("ppo", f"optimizations.analytic_grads={str(on).lower()}") as trainer:
         updates = trainer.iterate().updates
     assert updates > 0
@@ -147,7 +146,7 @@ def test_numpy_update_runs_the_hand_written_step_in_numpy(monkeypatch: pytest.Mo
     """Plain: the hand-written step's torch backward per network and update; on: one NumPy step per
     update and no torch backward, the gradients still in the parameters' ``.grad``."""
     host_steps = spy(monkeypatch, numpy_update.HostPPOStep, "__call__")
-    by_hand = spy(monkeypatch, analytic, "mlp_backward")
+    by_hand = spy(monkeypatch, mlp_maths, "mlp_backward")
     with running("ppo", "optimizations.analytic_grads=true", f"optimizations.numpy_update={str(on).lower()}") as t:
         before = [p.detach().clone() for p in t.model.parameters()]
         updates = t.iterate().updates

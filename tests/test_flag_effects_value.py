@@ -22,9 +22,8 @@ from flag_effects import (
     tensor_calls,
 )
 
-from reference_trainers.nets import analytic
+from reference_trainers.nets import mlp as mlp_maths
 from reference_trainers.replay import buffers
-from reference_trainers.paths import numpy_acting
 from reference_trainers.paths import numpy_update
 from reference_trainers.replay import per
 from reference_trainers.replay.writers import NStepWriter, OneStepWriter
@@ -69,7 +68,7 @@ def test_inference_batch_size_splits_the_batched_forward_into_chunks(algo: str, 
 @pytest.mark.parametrize("on", [False, True])
 def test_numpy_acting_chooses_dqn_actions_without_torch_forwards(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     """On: every acting forward (one per sub-env here) runs in NumPy; off: every one is a torch forward."""
-    numpy_calls = spy(monkeypatch, numpy_acting.NumpyMLP, "__call__")
+    numpy_calls = spy(monkeypatch, mlp_maths.NumpyMLP, "__call__")
     with running("dqn", f"optimizations.numpy_acting={str(on).lower()}") as trainer:
         rows, remove = no_grad_forward_rows(trainer.model)
         trainer.iterate()
@@ -88,7 +87,7 @@ def test_numpy_acting_chooses_dqn_actions_without_torch_forwards(monkeypatch: py
 def test_analytic_grads_sets_dqn_gradients_by_hand_without_autograd(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     """Plain: one autograd backward per update; on: none, the Q-network's gradients by hand."""
     backwards = spy(monkeypatch, torch.autograd, "backward")
-    by_hand = spy(monkeypatch, analytic, "mlp_backward")
+    by_hand = spy(monkeypatch, mlp_maths, "mlp_backward")
     with running("dqn", f"optimizations.analytic_grads={str(on).lower()}") as trainer:
         updates = trainer.iterate().updates
     assert updates > 0
@@ -101,7 +100,7 @@ def test_numpy_update_runs_the_dqn_step_in_numpy(monkeypatch: pytest.MonkeyPatch
     """Plain: the hand-written step's torch backward per update; on: one NumPy step per update and
     no torch backward, the Q-network's gradients still in its ``.grad`` and its weights trained."""
     host_steps = spy(monkeypatch, numpy_update.HostDQNStep, "__call__")
-    by_hand = spy(monkeypatch, analytic, "mlp_backward")
+    by_hand = spy(monkeypatch, mlp_maths, "mlp_backward")
     host_gathers = spy(monkeypatch, buffers.ReplayBuffer, "host_gather")
     with running("dqn", "optimizations.analytic_grads=true", "optimizations.replay=tensor",
                  f"optimizations.numpy_update={str(on).lower()}") as t:

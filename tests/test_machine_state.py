@@ -141,8 +141,10 @@ def test_cpu_seconds_follow_the_work_not_the_wall_clock(monkeypatch: pytest.Monk
 
 @pytest.mark.serial  # a ratio of wall-time rates: another test beside it on a 2-core machine moves it
 def test_the_planted_slowdown_knob_slows_a_variant_by_its_percent() -> None:
+    """Half the rate. Compared on each variant's fastest repeat: a neighbour only ever adds time, and the
+    busy-wait is proportional to the iteration it follows, so a disturbed repeat would count twice."""
     (plain, slow), _ = run_variants(_two([], ["run.planted_slowdown_pct=50"]), say=lambda _t: None)
-    ratio = slow.metrics["env_steps_per_sec"]["median"] / plain.metrics["env_steps_per_sec"]["median"]
+    ratio = slow.metrics["env_steps_per_sec"]["max"] / plain.metrics["env_steps_per_sec"]["max"]
     assert 0.35 < ratio < 0.7
     cpu = slow.metrics["cpu_seconds_per_1k_env_steps"]["median"] / plain.metrics["cpu_seconds_per_1k_env_steps"]["median"]
     assert cpu > 1.4  # a busy-wait: the planted regression costs CPU like a real one

@@ -17,9 +17,9 @@ from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
 from reference_trainers.config.schema import ConfigError, build_config
 from reference_trainers.nets.networks import StackedMLPs, mlp
-from reference_trainers.paths.numpy_acting import (BLOCK_SPLIT_MIN_WASTE, NumpyMLP, column_sums,
-                                                    numpy_blas_threads, relu_, row_max, row_sums, sample_categorical,
-                                                    sample_gaussian, taken_index)
+from reference_trainers.nets.mlp import BLOCK_SPLIT_MIN_WASTE, NumpyMLP
+from reference_trainers.paths.numpy_acting import (column_sums, numpy_blas_threads, relu_, row_max, row_sums,
+                                                    sample_categorical, sample_gaussian, taken_index)
 from reference_trainers.config.resolve import resolve_config
 from reference_trainers.ppo.trainer import PPOTrainer, action_noise, sample_action
 

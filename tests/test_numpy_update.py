@@ -1,7 +1,7 @@
 """Tests for ``optimizations.numpy_update``: the hand-written minibatch step of PPO and DQN in NumPy.
 
 Each piece is compared with the torch hand-written step it replaces (``ppo.ppo_loss_grads``,
-``analytic.mlp_forward``/``mlp_backward``, the learner's clipping), and whole training runs
+``mlp_maths.mlp_forward``/``mlp_backward``, the learner's clipping), and whole training runs
 with and without it end within the fp-reorder tolerance. That the path is taken:
 tests/test_flag_effects_ppo.py.
 """
@@ -21,7 +21,7 @@ from value_trainers import assert_params_close, make
 
 from harness.stats.parity import FP_REORDER as FP_REORDER_CLASS
 from harness.stats.parity import TOLERANCES
-from reference_trainers.nets import analytic
+from reference_trainers.nets import mlp as mlp_maths
 from reference_trainers.paths import numpy_update
 from reference_trainers.config.schema import build_config
 from reference_trainers.paths.learner import flat_gradients
@@ -59,11 +59,11 @@ def test_host_mlp_forward_and_backward_match_the_torch_hand_written_ones(activat
     flat = flat_gradients(list(net.parameters()))
     x, grad_out = torch.randn(9, 5), torch.randn(9, 3)
     with torch.no_grad():
-        expected_out, saved = analytic.mlp_forward(net, x)
-        analytic.mlp_backward(saved, grad_out)
+        expected_out, saved = mlp_maths.mlp_forward(net, x)
+        mlp_maths.mlp_backward(saved, grad_out)
     expected = flat.clone()
     flat.zero_()
-    host = numpy_update.HostMLP(net)
+    host = mlp_maths.HostMLP(net)
     out, inputs = host.forward(x.numpy().copy())
     host.backward(inputs, grad_out.numpy())
     torch.testing.assert_close(torch.from_numpy(out), expected_out, **FP_REORDER)
@@ -72,7 +72,7 @@ def test_host_mlp_forward_and_backward_match_the_torch_hand_written_ones(activat
 
 def test_host_mlp_needs_the_gradient_tensors_to_write_into() -> None:
     with pytest.raises(ValueError, match="existing gradient tensors"):
-        numpy_update.HostMLP(mlp(3, [4], 2, "tanh", out_std=1.0))
+        mlp_maths.HostMLP(mlp(3, [4], 2, "tanh", out_std=1.0))
 
 
 @pytest.mark.parametrize("extra", [[], ["ppo.norm_adv=false", "ppo.clip_vloss=true"], ["env.id=Acrobot-v1"],

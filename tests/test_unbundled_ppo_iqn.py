@@ -21,7 +21,7 @@ import reference_trainers.ppo.trainer as ppo_mod
 from harness.stats.parity import TOLERANCES
 from reference_trainers.config.flags import EXACT, FP_REORDER, flag
 from reference_trainers.nets.networks import StackedMLPs
-from reference_trainers.paths.numpy_acting import NumpyMLP
+from reference_trainers.nets.mlp import NumpyMLP
 from reference_trainers.paths.speedups import HostToDevice
 
 STEPS, ENVS = 8, 3

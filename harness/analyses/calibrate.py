@@ -33,7 +33,8 @@ from rich.table import Table
 
 from reference_trainers.config.schema import TrainConfig, build_config
 
-from harness.cli.options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, user_overrides
+from harness.campaigns.outcome import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_arms, save_runs, status_code
+from harness.cli.options import user_overrides
 from harness.stats.compare import CONFIDENCE, Ratio, paired_ratio
 from harness.errors import UserError
 from harness.stats.power import MIN_REPEATS
@@ -372,8 +373,8 @@ def run_command(args: argparse.Namespace) -> int:
     """``rlgauge calibrate``: check every input, measure, write calibration.{json,md} and runs.json."""
     from reference_trainers.state.atomic_file import write_text_atomically
 
-    from harness.results import check_output_dir, save_results
-    from harness.measurement.runner import resolve_specs, run_variants
+    from harness.results import check_output_dir
+    from harness.measurement.runner import resolve_specs
 
     trials = check_trials(args.trials)
     grid, thresholds = repeats_grid(args.repeats_grid), thresholds_grid(args.thresholds_grid)
@@ -392,34 +393,29 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.quiet:
         if not _say_estimate(specs[0], rounds, say):
             return EXIT_INTERRUPTED
-    runs, interrupted = run_variants(specs, show_progress=not args.quiet and sys.stderr.isatty(), say=lambda _t: None)
-    save_results(out / "runs.json", runs)
+    runs, interrupted = run_arms(specs, show_progress=not args.quiet and sys.stderr.isatty())
     report = build_report(runs, base.variant, grid, thresholds, rounds, interrupted)
     reported = report is not None and any(c.trials for c in report.cells)
+    written = ("calibration.json, calibration.md, runs.json" if reported else
+               f"runs.json only: fewer than {min(grid)} rounds from every arm, no trial")
+    stopped = save_runs(out, runs, interrupted, what=f"what was measured ({written})")
     if reported:
         write_text_atomically(out / "calibration.json", json.dumps(report.to_json(), indent=2) + "\n")
         write_text_atomically(out / "calibration.md", report.markdown())
         report.print(Console(soft_wrap=False, width=max(160, Console().width)))  # wide in a pipe or CI log
-    written = ("calibration.json, calibration.md, runs.json" if reported else
-               f"runs.json only: fewer than {min(grid)} rounds from every arm, no trial")
-    if interrupted:
-        print(f"rlgauge: interrupted; what was measured is in {out}/ ({written})", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    bad = [r for r in runs if r.status != "ok"]
-    for run in bad:
-        print(f"rlgauge: {run.variant} run is {run.status}: {run.error or run.stability}", file=sys.stderr)
+    if stopped is not None:
+        return stopped
+    code = status_code(runs)
     say(f"calibration written to {out}/ ({written})")
-    return EXIT_CHECK_FAILED if bad or not reported else EXIT_OK
+    return EXIT_CHECK_FAILED if code or not reported else EXIT_OK
 
 
 def _say_estimate(spec: VariantSpec, rounds: int, say: Callable[[str], None]) -> bool:
     """Time one round of ``A`` (after its warm-up) and say how long the measurement will take;
     False when interrupted."""
-    from harness.measurement.runner import run_variants
-
     probe = VariantSpec(spec.preset, "probe", with_rounds(spec.config, 1))
     say("timing one probe round for an estimate of the time ...")
-    (run,), interrupted = run_variants([probe], say=lambda _t: None)
+    (run,), interrupted = run_arms([probe])
     if interrupted:
         print("rlgauge: interrupted before the measurement; nothing written", file=sys.stderr)
         return False

@@ -15,7 +15,7 @@ from reference_trainers.config.schema import ConfigError
 
 from harness.errors import NoVerdict, UserError
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from harness.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401 (re-exported)
 
 
 class Outcome(str, enum.Enum):

@@ -10,7 +10,7 @@ from typing import Any
 from harness.campaigns.executors import Executor, LocalExecutor
 from harness.campaigns.jobs import Job
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+from harness.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401 (re-exported)
 
 
 def run_arms(specs: list[Any], executor: Executor | None = None, *, show_progress: bool = False,

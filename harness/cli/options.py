@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from harness.errors import UserError
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from harness.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401 (re-exported)
 EXIT_INTERNAL_ERROR = 1  # an unexpected failure (a bug, not bad input): the same code as a failed check
 
 DISTRIBUTION = "rlgauge"  # [project] name in pyproject.toml

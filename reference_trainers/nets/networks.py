@@ -11,10 +11,12 @@ import math
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from reference_trainers.config.schema import ModelConfig
+from reference_trainers.nets.mlp import MLP, OutputLinear, StackedMLPs, output_linear
+
+__all__ = ["MLP", "OutputLinear", "StackedMLPs", "mlp", "output_linear"]  # the MLP's maths: nets/mlp.py
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -24,77 +26,6 @@ def init_layer(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: fl
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
     return layer
-
-
-def output_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A network's output layer: in float32 even under autocast.
-
-    Q-values, quantiles, values and logits are argmax-ed, averaged over quantile samples or
-    regressed onto returns of magnitude ~100, where bfloat16's 8 significand bits leave steps
-    of 0.5: actions tie (argmax picks the first) and TD errors vanish. The head is a sliver
-    of the network's work, so autocast keeps its speed everywhere else.
-    """
-    if not torch.is_autocast_enabled(x.device.type):
-        return F.linear(x, weight, bias)
-    with torch.autocast(x.device.type, enabled=False):
-        return F.linear(x.float(), weight, bias)
-
-
-class OutputLinear(nn.Linear):
-    """``nn.Linear`` as ``output_linear``: float32 under autocast."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return output_linear(x, self.weight, self.bias)
-
-
-class MLP(nn.Sequential):
-    """``nn.Sequential`` of ``nn.Linear`` layers and activations whose ``forward`` applies the
-    layers' functions directly: the same ops, without a module call (and its hook checks) per
-    layer, which at the batch sizes of acting costs as much as the layer's arithmetic. Hooks
-    registered on the whole MLP still run; hooks on its individual layers do not."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self:
-            if isinstance(layer, OutputLinear):
-                x = output_linear(x, layer.weight, layer.bias)
-            elif isinstance(layer, nn.Linear):
-                x = F.linear(x, layer.weight, layer.bias)
-            else:
-                x = layer.forward(x)
-        return x
-
-
-class StackedMLPs:
-    """Two MLPs of the same hidden shape over the same input, evaluated as one: the first
-    layers' weights concatenated, the later ones block-diagonal, so one matmul and one
-    activation per layer serve both (half the ops of calling each). The last layer is an
-    ``output_linear``. A snapshot: build it again after the weights change.
-    ``__call__(x) -> (first's output, second's output)``.
-    """
-
-    def __init__(self, first: MLP, second: MLP) -> None:
-        pairs = [(a, b) for a, b in zip(first, second)]
-        if len(first) != len(second) or any(type(a) is not type(b) for a, b in pairs):
-            raise ValueError("StackedMLPs needs two MLPs with the same layer pattern")
-        self.split = first[-1].out_features
-        self.layers: list[tuple[torch.Tensor, torch.Tensor] | nn.Module] = []
-        with torch.no_grad():
-            for index, (a, b) in enumerate(pairs):
-                if not isinstance(a, nn.Linear):
-                    self.layers.append(a)
-                elif index == 0:
-                    self.layers.append((torch.cat([a.weight, b.weight]), torch.cat([a.bias, b.bias])))
-                else:
-                    self.layers.append((torch.block_diag(a.weight, b.weight), torch.cat([a.bias, b.bias])))
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            if isinstance(layer, tuple):
-                x = output_linear(x, *layer) if index == last else F.linear(x, *layer)
-            else:
-                x = layer.forward(x)
-        return x[:, :self.split], x[:, self.split:]
 
 
 def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_std: float,

@@ -4,7 +4,7 @@
 spends microseconds in dispatch for a few thousand multiply-adds, and torch's CPU tanh kernel
 is several times slower than NumPy's on a minibatch's activations. Here the same forward,
 loss gradients (``ppo.loss.ppo_loss_grads_numpy``; DQN's Huber TD gradient, ``dqn.DQNTrainer._td_gradient``),
-backward (``analytic.mlp_backward``) and gradient clipping run as NumPy calls on zero-copy
+backward (``nets.mlp.HostMLP``, the NumPy twin of ``mlp_backward``) and gradient clipping run as NumPy calls on zero-copy
 views: the weights (and DQN's target network) are read through views of the parameters, the
 gradients are written into views of the learner's flat gradient buffer, and the optimiser
 step stays torch's fused Adam kernel. Same maths, other kernels and summation order: the
@@ -14,80 +14,17 @@ fp-reorder parity class. Guarded by tests/test_numpy_update.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
-from reference_trainers.nets.analytic import ACTIVATION_NAMES
-from reference_trainers.nets.networks import MLP
-from reference_trainers.paths.numpy_acting import NumpyMLP, column_sums, host_view, relu_
+from reference_trainers.nets.mlp import MLP, HostMLP, NumpyMLP, host_view
 from reference_trainers.ppo.loss import ppo_loss_grads_numpy as ppo_loss_grads
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "nonfinite")
 """The statistics a PPO step returns (``ppo.loss.ppo_loss_grads``'s, and the non-finite flag)."""
 DQN_STAT_NAMES = ("loss", "q_values", "nonfinite")
 """The 0-d statistics a DQN step returns (``dqn.DQNTrainer.loss``'s, and the non-finite flag)."""
-
-
-@dataclass
-class HostLinear:
-    """A linear layer's weight and bias, and their gradients, as NumPy views of the torch tensors."""
-
-    weight: np.ndarray
-    bias: np.ndarray
-    weight_grad: np.ndarray
-    bias_grad: np.ndarray
-    activation: str | None
-    """The activation applied to this layer's input (None for the first layer)."""
-
-
-class HostMLP:
-    """An ``MLP``'s forward and hand-written backward in float32 NumPy over views of its
-    parameters and of their ``.grad`` tensors (which must exist: the learner's flat buffer)."""
-
-    def __init__(self, mlp: MLP) -> None:
-        self.layers: list[HostLinear] = []
-        activation: str | None = None
-        for layer in mlp:
-            if isinstance(layer, nn.Linear):
-                if layer.weight.grad is None or layer.bias.grad is None:
-                    raise ValueError("numpy_update writes into existing gradient tensors (the learner's flat buffer)")
-                self.layers.append(HostLinear(host_view(layer.weight), host_view(layer.bias),
-                                              host_view(layer.weight.grad), host_view(layer.bias.grad), activation))
-                activation = None
-            else:
-                activation = ACTIVATION_NAMES[type(layer)]
-
-    def forward(self, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The output for ``x`` (rows, inputs) and each linear layer's input, for ``backward``."""
-        inputs: list[np.ndarray] = []
-        for layer in self.layers:
-            if layer.activation == "tanh":
-                np.tanh(x, out=x)
-            elif layer.activation == "relu":
-                relu_(x)
-            inputs.append(x)
-            x = x @ layer.weight.T  # a fresh array: the next activation works in place
-            x += layer.bias
-        return x, inputs
-
-    def backward(self, inputs: Sequence[np.ndarray], grad_out: np.ndarray) -> None:
-        """Write every weight's and bias's gradient from d loss / d output (``analytic.mlp_backward``)."""
-        for index in range(len(self.layers) - 1, -1, -1):
-            layer, layer_input = self.layers[index], inputs[index]
-            np.matmul(grad_out.T, layer_input, out=layer.weight_grad)
-            column_sums(grad_out, out=layer.bias_grad)
-            if index == 0:
-                return
-            grad_out = np.dot(grad_out, layer.weight)  # BLAS for a one-column gradient too (matmul is not)
-            if layer.activation == "tanh":  # d tanh(z) = 1 - tanh(z)^2, from the saved output
-                slope = np.square(layer_input)
-                np.subtract(1.0, slope, out=slope)
-                grad_out *= slope
-            else:  # relu: the gradient passes where the output is positive
-                grad_out *= layer_input > 0
 
 
 class FlatGradients:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainers.nets.networks import StackedMLPs
+from reference_trainers.nets.mlp import NumpyMLP, StackedMLPs, host_view
 from reference_trainers.paths import numpy_acting as host
 from reference_trainers.paths.acting import ActingStep
 from reference_trainers.paths.speedups import HostToDevice
@@ -138,7 +138,7 @@ class NumpyPPOActing:
 
     def __init__(self, policy: PPOPolicy, probe: Probe, chunk: int) -> None:
         self.policy, self.probe, self.chunk = policy, probe, chunk
-        self.forwards: tuple[host.NumpyMLP, ...] | None = None
+        self.forwards: tuple[NumpyMLP, ...] | None = None
         self.split = 0
         self.noise_block: np.ndarray | None = None  # block_noise: the rollout's sampling uniforms
         self.noise_row = 0
@@ -169,8 +169,8 @@ class NumpyPPOActing:
         """(actor output, value) in NumPy, in forwards of ``chunk`` rows."""
         model = self.policy.model
         if self.forwards is None:
-            self.forwards = ((host.NumpyMLP.side_by_side(model.actor, model.critic),) if self.policy.stacked_mlps
-                             else (host.NumpyMLP.of(model.actor), host.NumpyMLP.of(model.critic)))
+            self.forwards = ((NumpyMLP.side_by_side(model.actor, model.critic),) if self.policy.stacked_mlps
+                             else (NumpyMLP.of(model.actor), NumpyMLP.of(model.critic)))
             self.split = model.actor[-1].out_features
         if self.policy.stacked_mlps:
             out = host.in_chunks(self.forwards[0], obs, self.chunk)
@@ -187,5 +187,5 @@ class NumpyPPOActing:
             if policy.discrete:
                 action, logprob = host.sample_categorical(actor_out, noise)
             else:
-                action, logprob = host.sample_gaussian(actor_out, host.host_view(policy.model.log_std), noise)
+                action, logprob = host.sample_gaussian(actor_out, host_view(policy.model.log_std), noise)
         return ActingStep(obs, (action, logprob, value), action)

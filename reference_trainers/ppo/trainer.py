@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reference_trainers.nets import analytic
+from reference_trainers.nets import mlp
 from reference_trainers.runtime import distributed
 from reference_trainers.paths import numpy_acting as host
 from reference_trainers.config.schema import ConfigError, TrainConfig
@@ -159,7 +159,7 @@ class PPOTrainer(Checkpointable):
             networks = list(self.model.actor.parameters()) + list(self.model.critic.parameters())
             self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
             self.analytic_step = hand_written_step(self._analytic_grads, cpp_wrapper=bool(o.compile_cpp_wrapper))
-        self.aten_tanh_from = analytic.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
+        self.aten_tanh_from = mlp.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
         # acting: the policy, and the path that batches it (per sub-env, batched, or NumPy), chosen once
         self.numpy_acting = bool(o.numpy_acting)
         self.block_noise = bool(o.block_noise)  # the rollout's sampling uniforms drawn in one call as it starts
@@ -338,21 +338,21 @@ class PPOTrainer(Checkpointable):
         with torch.no_grad():
             if self.analytic_step is not None:  # clipped inside the compiled step
                 return self.learner.adopt(*self.analytic_step(*batch))
-            logits, actor_saved = analytic.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
-            value, critic_saved = analytic.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
+            logits, actor_saved = mlp.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
+            value, critic_saved = mlp.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
             loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])
-            analytic.mlp_backward(actor_saved, grad_logits)
-            analytic.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
+            mlp.mlp_backward(actor_saved, grad_logits)
+            mlp.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
         return loss, stats
 
     def _analytic_grads(self, obs: torch.Tensor, *rest: torch.Tensor
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``_minibatch_analytic`` as a pure function for ``torch.compile``: (loss, stats, every
         gradient as one flat vector in the learner's parameter order, clipped, and their norm)."""
-        logits, actor_saved = analytic.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
-        value, critic_saved = analytic.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
+        logits, actor_saved = mlp.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
+        value, critic_saved = mlp.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
         loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
-        grads = analytic.mlp_grads(actor_saved, grad_logits) + analytic.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
+        grads = mlp.mlp_grads(actor_saved, grad_logits) + mlp.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
         flat = torch.cat([grads[i].reshape(-1) for i in self.grad_order])
         flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
         return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from reference_trainers.paths.acting import ActingStep
-from reference_trainers.paths.numpy_acting import NumpyMLP, in_chunks
+from reference_trainers.nets.mlp import NumpyMLP
+from reference_trainers.paths.numpy_acting import in_chunks
 from reference_trainers.paths.speedups import HostToDevice
 from reference_trainers.runtime.probe import Probe
 

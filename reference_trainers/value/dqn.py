@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainers.nets import analytic
+from reference_trainers.nets import mlp
 from reference_trainers.replay.buffers import Sample
 from reference_trainers.nets.networks import QNetwork
 from reference_trainers.paths.numpy_update import HostDQNStep
@@ -88,7 +88,7 @@ class DQNTrainer(ValueTrainer):
     def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``analytic_grads``: ``loss`` with the Q-network's gradients set by hand (no autograd graph):
         the Huber loss's gradient is the TD error clamped to [-1, 1], per sample, over the batch
-        (times the importance weights under PER), at the taken action; ``analytic.mlp_backward``
+        (times the importance weights under PER), at the taken action; ``mlp.mlp_backward``
         carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``,
         or ``analytic_grads_at`` from replay indices), clipping included, and the gradient norm
         comes back as a third value. ``batch``: ``train_batch``'s tensors, or what
@@ -97,7 +97,7 @@ class DQNTrainer(ValueTrainer):
             if self.analytic_step is not None:  # clipped inside the compiled step
                 return self.learner.adopt(*self.analytic_step(*batch))
             saved, grad_q, loss, stats = self._td_gradient(*batch)
-            analytic.mlp_backward(saved, grad_q)
+            mlp.mlp_backward(saved, grad_q)
         return loss, stats
 
     def host_step(self) -> HostDQNStep:
@@ -112,7 +112,7 @@ class DQNTrainer(ValueTrainer):
         """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, every gradient
         as one flat vector in the Q-network's parameter order, clipped, and their norm)."""
         saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
-        flat = torch.cat([g.reshape(-1) for g in analytic.mlp_grads(saved, grad_q)])
+        flat = torch.cat([g.reshape(-1) for g in mlp.mlp_grads(saved, grad_q)])
         flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
         return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
 
@@ -123,7 +123,7 @@ class DQNTrainer(ValueTrainer):
         next_q_target = self.target_forward(next_obs)
         next_q_online = self.forward(next_obs) if self.hp.double_q else None
         targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)
-        q, saved = analytic.mlp_forward(self.model.net, obs, self.aten_tanh_from)
+        q, saved = mlp.mlp_forward(self.model.net, obs, self.aten_tanh_from)
         taken = actions.unsqueeze(1)
         q_taken = q.gather(1, taken).squeeze(1)
         loss, td_abs = td_loss(q_taken, targets, weights)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from reference_trainers.runtime import distributed
-from reference_trainers.nets.analytic import aten_tanh_from
+from reference_trainers.nets.mlp import NumpyMLP, aten_tanh_from
 from reference_trainers.replay.buffers import Sample, make_replay
 from reference_trainers.config.schema import TrainConfig, ValueConfig
 from reference_trainers.envs.factory import frames_in_step, open_vector_env
@@ -34,7 +34,7 @@ from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from reference_trainers.replay.writers import make_writer
 from reference_trainers.paths.acting import choose_acting
-from reference_trainers.paths.numpy_acting import NumpyMLP, chunk_rows
+from reference_trainers.paths.numpy_acting import chunk_rows
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
