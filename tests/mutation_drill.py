@@ -146,7 +146,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("packed-gather-ignored", _o("packed_gather"), "reference_trainers/ppo/trainer.py",
            "self.packed = bool(o.packed_gather)", "self.packed = False"),
     Mutant("ppo-aten-tanh-ignored", _o("aten_tanh"), "reference_trainers/ppo/trainer.py",
-           "self.aten_tanh_from = analytic.aten_tanh_from(c)", "self.aten_tanh_from = None"),
+           "self.aten_tanh_from = mlp.aten_tanh_from(c)", "self.aten_tanh_from = None"),
     Mutant("ppo-cpp-wrapper-ignored", _o("compile_cpp_wrapper"), "reference_trainers/ppo/trainer.py",
            "cpp_wrapper=bool(o.compile_cpp_wrapper))", "cpp_wrapper=False)"),
     # IQN
