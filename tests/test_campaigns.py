@@ -75,8 +75,7 @@ def _curves(out: Path) -> dict:
 @pytest.mark.slow  # starting a local Ray takes tens of seconds on a small machine
 def test_learn_on_a_local_ray_equals_the_local_executor(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
-    argv = ["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet",
-            "--set", "optimizations.torch_threads=1"]
+    argv = ["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "local")]) == 0
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -87,6 +86,23 @@ def test_learn_on_a_local_ray_equals_the_local_executor(tmp_path: Path) -> None:
     assert set(local) == {("ppo-cartpole", arm, seed) for arm in ("baseline", "optimized") for seed in (1, 2)}
     assert remote == local
     assert json.loads((tmp_path / "ray" / "learn.json").read_text())["campaign"]["executor"] == "ray (local)"
+
+
+def test_learn_runs_every_job_on_one_thread_count_whatever_the_default(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread count splits float sums differently, so curves would follow the executor or the load: a
+    trainer whose torch_threads is unset learns on LEARN_THREADS, not on the process default (here 2)."""
+    from reference_trainers.runtime import device as dev
+
+    from harness.analyses.learn import LEARN_THREADS
+
+    monkeypatch.setattr(dev, "DEFAULT_THREADS", 2)
+    monkeypatch.setattr(dev, "_default_threads", 2)
+    assert main(["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *TINY_SETS, "--quiet",
+                 "--set", "optimizations.torch_threads=null", "--out", str(tmp_path)]) == 0
+    threads = json.loads((tmp_path / "learn.json").read_text())["machine_state"]["threads"]
+    assert threads["by_arm"] == {"baseline": LEARN_THREADS, "optimized": LEARN_THREADS}
+    assert dev.default_threads() == 2  # the process's own default is back once the campaign ends
 
 
 class _Recording(LocalExecutor):

@@ -29,7 +29,7 @@ from harness.campaigns.jobs import Job
 from harness.errors import UserError
 from harness.measurement.interrupts import raise_if_stopping
 from harness.stats import quality
-from harness.measurement.machine_state import OthersMeter, Snapshot, free_cores, retain_heap
+from harness.measurement.machine_state import OthersMeter, Snapshot, retain_heap
 from harness.specs.own_trainer import OwnConfig
 from harness.specs.presets import VariantSpec, load_preset, own_trainer_preset, specs_of
 
@@ -39,6 +39,9 @@ DEFAULT_STEPS = 100_000
 """Env steps each arm trains for, per seed."""
 DEFAULT_SEEDS = 5
 MIN_SEEDS = 2
+LEARN_THREADS = 1
+"""Intra-op and BLAS threads of every learn job (an arm's own ``optimizations.torch_threads`` still applies):
+one count everywhere, so that a seed's curve is the same on every executor and under any load."""
 """Fewest seeds ``learn`` takes (an interval needs two); a verdict needs ``power.MIN_REPEATS``."""
 
 
@@ -275,6 +278,8 @@ def learn_seed(plan: Plan, index: int, sink: SeedRun | None = None, own_process:
     ``own_process``: fix the heap thresholds here, as the campaign does once for local jobs)."""
     from reference_trainers.runtime import device as dev
 
+    from threadpoolctl import threadpool_limits
+
     run = sink if sink is not None else SeedRun(plan.preset, plan.seeds[index])
     saved = dev.process_settings()
     meter = OthersMeter()
@@ -282,8 +287,14 @@ def learn_seed(plan: Plan, index: int, sink: SeedRun | None = None, own_process:
     try:
         if own_process:
             _retain_heap([plan])
-        _run_seed(plan, index, run)
+        # the curves must not depend on where or beside what the job runs: every thread count that decides how
+        # float sums are split (torch's default intra-op threads, NumPy's BLAS, OpenMP) is LEARN_THREADS in
+        # every job, on every executor, whatever the load; an arm's own torch_threads still applies
+        dev.cap_default_threads(LEARN_THREADS)
+        with threadpool_limits(limits=LEARN_THREADS):
+            _run_seed(plan, index, run)
     finally:
+        dev.cap_default_threads(None)
         run.others_share = meter.share()
         dev.restore_process_settings(saved)
     return run
@@ -293,8 +304,6 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
                  on_seed: Any = None) -> Record:
     """Every seed of every task through ``executor``; Ctrl-C: stop, ``interrupted``, what was recorded kept
     (a local campaign also keeps the seed it was in)."""
-    from reference_trainers.runtime import device as dev
-
     record = Record({plan.preset: {arm.name: [] for arm in plan.arms} for plan in plans},
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     executor=getattr(executor, "label", executor.name))
@@ -302,13 +311,10 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
     sinks: dict[str, SeedRun] = {}
     jobs = seed_jobs(plans, sinks if local else None)
     started = time.perf_counter()
-    snapshot = _fair_threads(plans) if local else Snapshot.take()
+    snapshot = Snapshot.take()  # learn never caps threads by the load (see learn_seed)
     if local:
         _retain_heap(plans)
-    try:
-        gathered = executor.run(jobs, cpus_per_job=cpus_per_job, on_result=on_seed)
-    finally:
-        dev.cap_default_threads(None)
+    gathered = executor.run(jobs, cpus_per_job=cpus_per_job, on_result=on_seed)
     record.wall_s = time.perf_counter() - started
     record.interrupted, record.hosts = gathered.interrupted, dict(gathered.hosts)
     runs = [sinks[job.name] for job in jobs if job.name in sinks] if local else gathered.in_order(jobs)
@@ -328,20 +334,6 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
 def _retain_heap(plans: list[Plan]) -> None:
     """Under every arm's ``run.heap_retention``, glibc's malloc thresholds fixed before the arms are built."""
     retain_heap(arm.resolutions[0].config.run.heap_retention for plan in plans for arm in plan.arms)
-
-
-def _fair_threads(plans: list[Plan]) -> Snapshot:
-    """The machine's snapshot; under ``run.fair_threads`` torch's default threads capped at the free cores."""
-    from reference_trainers.runtime import device as dev
-
-    snapshot = Snapshot.take()
-    cap = free_cores(snapshot.busy_cores_before)
-    arms = [arm for plan in plans for arm in plan.arms]
-    if cap < dev.DEFAULT_THREADS and all(arm.resolutions[0].config.run.fair_threads for arm in arms):
-        dev.cap_default_threads(cap)
-        log.warning("torch's default %d threads capped to %d: other processes keep %.1f of %d cores busy "
-                    "(run.fair_threads)", dev.DEFAULT_THREADS, cap, snapshot.busy_cores_before, snapshot.usable_cores)
-    return snapshot
 
 
 def _run_seed(plan: Plan, index: int, run: SeedRun) -> None:
