@@ -12,8 +12,8 @@ import functools
 
 from reference_trainers.runtime import device as dev
 
-from .common import ACTION_SELECTIONS, CPU_TIME_REPEATS, CPU_TIME_ROUNDS, PARAM_NAMES, PARAMS, build, observations, \
-    process_cpu_seconds, skip_unless_available, skip_unless_cpu
+from .common import ACTION_SELECTIONS, PARAM_NAMES, PARAMS, CpuTimeBenchmark, build, observations, \
+    skip_unless_available, skip_unless_cpu
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,16 +54,7 @@ class InferenceLatency:
         dev.synchronize(self.device)
 
 
-class InferenceCpuTime:
-    params = PARAMS
-    param_names = PARAM_NAMES
-    timer = staticmethod(process_cpu_seconds)
-    number = 1
-    repeat = CPU_TIME_REPEATS
-    rounds = CPU_TIME_ROUNDS
-    warmup_time = 0.0  # the trainer is warmed up in setup
-    timeout = 300
-
+class InferenceCpuTime(CpuTimeBenchmark):
     def setup(self, preset: str, variant: str, device: str) -> None:
         skip_unless_cpu(device)
         self.trainer = acting_trainer(preset, variant, device)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from harness.measurement.runner import run_variants
 
-from .common import CPU_TIME_REPEATS, CPU_TIME_ROUNDS, CPU_TIME_STEPS, DEVICES, PARAM_NAMES, PARAMS, PRESETS, VARIANTS, \
-    available, process_cpu_seconds, skip_unless_available, skip_unless_cpu, spec, throughput_overrides, \
+from .common import CPU_TIME_STEPS, DEVICES, CpuTimeBenchmark, PARAM_NAMES, PARAMS, PRESETS, VARIANTS, \
+    available, skip_unless_available, skip_unless_cpu, spec, throughput_overrides, \
     train_env_steps, warmed_trainer
 
 
@@ -72,18 +72,9 @@ class Throughput:
     track_updates_per_sec.unit = "updates/s"  # type: ignore[attr-defined]
 
 
-class TrainingCpuTime:
+class TrainingCpuTime(CpuTimeBenchmark):
     """CPU seconds of ``CPU_TIME_STEPS[preset]`` env steps of training (collection and updates),
     after ``WARMUP_STEPS`` of warm-up in the same process (``setup``, once per process)."""
-
-    params = PARAMS
-    param_names = PARAM_NAMES
-    timer = staticmethod(process_cpu_seconds)
-    number = 1
-    repeat = CPU_TIME_REPEATS
-    rounds = CPU_TIME_ROUNDS
-    warmup_time = 0.0  # the trainer is warmed up in setup
-    timeout = 300
 
     def setup(self, preset: str, variant: str, device: str) -> None:
         skip_unless_cpu(device)

@@ -105,6 +105,21 @@ def process_cpu_seconds() -> float:
     return time.process_time()
 
 
+class CpuTimeBenchmark:
+    """asv's settings shared by the gated CPU-time benchmarks: process CPU seconds as the clock, one call
+    a sample, ``CPU_TIME_REPEATS`` samples in each of ``CPU_TIME_ROUNDS`` interleaved processes, no
+    asv warm-up (each ``setup`` warms its trainer up)."""
+
+    params = PARAMS
+    param_names = PARAM_NAMES
+    timer = staticmethod(process_cpu_seconds)
+    number = 1
+    repeat = CPU_TIME_REPEATS
+    rounds = CPU_TIME_ROUNDS
+    warmup_time = 0.0
+    timeout = 300
+
+
 def skip_unless_cpu(device: str) -> None:
     """The CPU-time benchmarks run on the CPU device only: on a GPU the host's CPU time is not the
     training time (the wall-time benchmarks cover cuda and mps)."""

@@ -83,7 +83,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("replay-always-list", _o("replay"), "reference_trainers/value/loop.py",
            "make_replay(o.replay,", "make_replay(\"list\","),
     Mutant("dqn-numpy-acting-ignored", _o("numpy_acting"), "reference_trainers/value/loop.py",
-           "        if o.numpy_acting:\n            self.host_q", "        if False:\n            self.host_q"),
+           "        if o.numpy_acting:\n            block = c.tuning", "        if False:\n            block = c.tuning"),
     Mutant("dqn-numpy-update-ignored", _o("numpy_update"), "reference_trainers/value/loop.py",
            "        if o.numpy_update:  # the hand-written step", "        if False:  # the hand-written step"),
     Mutant("dqn-host-gather-ignored", _o("numpy_update"), "reference_trainers/value/loop.py",

@@ -375,7 +375,7 @@ def test_dqn_numpy_acting_follows_loaded_weights() -> None:
         obs = np.asarray(source.next_obs, dtype=np.float32)
         with torch.no_grad():
             expected = source.model(torch.as_tensor(obs)).numpy()
-        np.testing.assert_allclose(target.host_q(obs), expected, **FP_REORDER)
+        np.testing.assert_allclose(target.numpy_path.q_network(obs), expected, **FP_REORDER)
     finally:
         source.close()
         target.close()

@@ -115,15 +115,12 @@ class ValueTrainer(Checkpointable):
                                     self.action_generator, self.device, self.num_envs, self.num_actions, self.obs_shape,
                                     self.epsilon)
         self.inference_chunk = chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
-        self.host_q: NumpyMLP | None = None  # numpy_acting: the Q-network's NumPy forward (live weights)
-        self.host_noise: HostNoise | None = None  # numpy_acting: the acting draws (block_noise: a block of steps)
+        # numpy_acting: the Q-network's NumPy forward (live weights) and its draws (block_noise: a block of steps)
         self.numpy_path: NumpyEpsilonGreedy | None = None
         if o.numpy_acting:
-            self.host_q = self._host_q_network()
             block = c.tuning.noise_block_steps if o.block_noise else 1
-            self.host_noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator,
-                                        block)
-            self.numpy_path = NumpyEpsilonGreedy(self.host_q, self.host_noise, self.probe, self.num_envs,
+            noise = HostNoise(self.num_envs, self.num_actions, self.explore_generator, self.action_generator, block)
+            self.numpy_path = NumpyEpsilonGreedy(self._host_q_network(), noise, self.probe, self.num_envs,
                                                  self.inference_chunk, self.epsilon)
         self.act = choose_acting(self.policy, self.num_envs, self.probe, o.batch_inference, o.inference_batch_size,
                                  self.numpy_path)
@@ -194,20 +191,20 @@ class ValueTrainer(Checkpointable):
         the acting draws not yet used (``numpy_acting``)."""
         state = {"target": self.target.state_dict(), "replay": self.replay.state_dict(),
                  "writer": self.writer.state_dict(), "replay_ready": self.replay_ready}
-        if self.host_noise is not None:
-            state["host_noise"] = self.host_noise.state_dict()
+        if self.numpy_path is not None:
+            state["host_noise"] = self.numpy_path.noise.state_dict()
         return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if self.numpy_path is not None:  # the weights were loaded in place; view them again all the same
-            self.host_q = self.numpy_path.q_network = self._host_q_network()
+            self.numpy_path.q_network = self._host_q_network()
         self.target.load_state_dict(state["target"])
         self.replay.load_state_dict(state["replay"])
         self.writer.load_state_dict(state["writer"])
         self.replay_ready = bool(state["replay_ready"])
         self.any_episode_over = bool(self.episode_over.any())  # restored before the extra state
-        if self.host_noise is not None and "host_noise" in state:
-            self.host_noise.load_state_dict(state["host_noise"])
+        if self.numpy_path is not None and "host_noise" in state:
+            self.numpy_path.noise.load_state_dict(state["host_noise"])
 
     # ----------------------------------------------------------------- acting
     def epsilon(self) -> float:
