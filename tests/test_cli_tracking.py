@@ -129,8 +129,10 @@ def test_gate_run_measures_both_variants_and_passes_a_reachable_minimum(
 def test_gate_run_fails_an_unreachable_minimum_speedup(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, "gate", "--run", "ppo-cartpole", *TINY_ARGS, "--repeats", "3",
                              "--min-speedup", "1000", "--quiet", "--allow-untrustworthy")
-    assert code == 1
-    assert "speedup optimized/baseline" in out[out.index("failed: 1 of"):]
+    assert code == 1, out + err
+    assert "failed: " in out, out + err
+    failures = out[out.index("failed: "):]
+    assert "speedup optimized/baseline" in failures and "FAIL" in failures, out + err
 
 
 def _planted(*argv: str, factor: float, variant: str = "optimized") -> subprocess.CompletedProcess[str]:

@@ -345,3 +345,15 @@ def test_timing_probe_counts_time_of_a_phase_that_raises() -> None:
         time.sleep(0.005)
         raise ValueError("boom")
     assert probe.totals()["transfer"] >= 0.004
+
+
+def test_a_tree_outside_git_takes_its_commit_from_rlgauge_commit(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout copied without .git (another machine, a container) records the commit it was told."""
+    from harness.measurement.provenance import git_info
+
+    monkeypatch.delenv("RLGAUGE_COMMIT", raising=False)
+    assert git_info(tmp_path) == {"commit": None, "dirty": False}
+    monkeypatch.setenv("RLGAUGE_COMMIT", "0123456789abcdef")
+    assert git_info(tmp_path) == {"commit": "0123456789abcdef", "dirty": False}
+    assert git_info()["commit"] != "0123456789abcdef"  # a real checkout keeps its own
