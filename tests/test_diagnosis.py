@@ -31,7 +31,7 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _diagnose(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
-    code = main(["diagnose", *argv, "--json", "--no-compile-check"])
+    code = main(["diagnose", *argv, "--json", "--no-compile-check", "--device", "cpu"])  # the planted trainer is CPU-only
     out = capsys.readouterr().out
     return code, json.loads(out)["diagnosis"] if out.strip() else {}
 

@@ -32,6 +32,7 @@ TOY = textwrap.dedent('''
             self.swallow_signal_at = config.get("swallow_signal_at")
             self.returns = config.get("returns", "int")
             self.probe = probe
+            self.device = device
             torch.manual_seed(seed)
             self.net = torch.nn.Linear(4, 4).to(device)
             if config.get("threads"):
@@ -46,7 +47,7 @@ TOY = textwrap.dedent('''
             self.calls += 1
             SEEN_THREADS.append(torch.get_num_threads())
             with self.probe.phase("env"):
-                x = torch.randn(self.n, 4)
+                x = torch.randn(self.n, 4, device=self.device)
             with self.probe.phase("update"):
                 loss = self.net(x).pow(2).mean()
                 if self.returns == "float64":

@@ -15,8 +15,9 @@ _CODE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_info(root: Path = _CODE_ROOT) -> dict[str, object]:
-    """Commit and dirty flag of the checkout the harness runs from. Outside git (a tree copied to another
-    machine or into a container) the commit is ``RLGAUGE_COMMIT`` if set, else None."""
+    """Commit and dirty flag of the checkout the harness runs from (None outside git). ``RLGAUGE_COMMIT``,
+    when set, names the commit instead: a tree copied to another machine or into a container, with no
+    ``.git`` or another one."""
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
@@ -24,9 +25,9 @@ def git_info(root: Path = _CODE_ROOT) -> dict[str, object]:
             return None
         return out.stdout.strip() if out.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
-    if commit is None and os.environ.get("RLGAUGE_COMMIT"):
+    if os.environ.get("RLGAUGE_COMMIT"):
         return {"commit": os.environ["RLGAUGE_COMMIT"], "dirty": False}
+    commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no") if commit else None
     return {"commit": commit, "dirty": bool(status)}
 
