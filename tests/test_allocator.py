@@ -78,12 +78,25 @@ def test_run_fixes_the_thresholds_before_the_arms_unless_an_arm_says_false(fresh
 
 
 @needs_glibc
-def test_learn_fixes_the_thresholds_and_records_it(fresh_heap: list[bool], tmp_path: Path) -> None:
+def test_learn_fixes_the_thresholds_in_every_jobs_process_and_records_it(tmp_path: Path) -> None:
     out = tmp_path / "learn"
     sets = [a for item in TINY for a in ("--set", item)]
     assert main(["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *sets, "--quiet", "--out", str(out)]) == 0
-    assert fresh_heap == [True]
     assert json.loads((out / "learn.json").read_text())["machine_state"]["heap_retained"] is True
+    assert main(["learn", "ppo-cartpole", "--seeds", "2", "--steps", "1000", *sets, "--quiet", "--out",
+                 str(tmp_path / "kept"), "--set", "run.heap_retention=false"]) == 0
+    assert json.loads((tmp_path / "kept" / "learn.json").read_text())["machine_state"]["heap_retained"] is False
+
+
+@needs_glibc
+def test_a_campaign_run_in_this_process_fixes_the_thresholds_once(fresh_heap: list[bool]) -> None:
+    from harness.analyses import learn
+    from harness.campaigns.executors import LocalExecutor
+
+    plans = learn.plan_campaign("ppo-cartpole", list(TINY), peer=None, seeds=2, steps=1000, first_seed=1,
+                                trainer=None, config=None)
+    record = learn.run_campaign(plans, LocalExecutor())
+    assert fresh_heap == [True] and record.machine_state["heap_retained"] is True
 
 
 def test_without_glibc_nothing_is_fixed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from harness.cli import main
 from harness.errors import UserError
 
 TINY_SETS = [a for item in TINY for a in ("--set", item)]
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _square(x: int) -> int:
@@ -72,6 +75,18 @@ def _curves(out: Path) -> dict:
             for arm, entries in by_arm.items() for c in entries}
 
 
+@pytest.mark.slow  # two campaigns of 30,000 env steps a seed: a difference shows only after many updates
+def test_a_seeds_curves_do_not_depend_on_the_seeds_run_before_it(tmp_path: Path) -> None:
+    """Seed 302 run second (after 301) and run first: the same curves. In one process the first job's thread
+    settings changed the second's float paths (docs/analysis.md); each job now has a process of its own."""
+    argv = ["learn", "ppo-cartpole-sb3", "--seeds", "2", "--steps", "30000", "--device", "cpu", "--quiet"]
+    main([*argv, "--seed", "301", "--out", str(tmp_path / "second")])
+    main([*argv, "--seed", "302", "--out", str(tmp_path / "first")])
+    second, first = _curves(tmp_path / "second"), _curves(tmp_path / "first")
+    for arm in ("baseline", "optimized"):
+        assert second[("ppo-cartpole-sb3", arm, 302)] == first[("ppo-cartpole-sb3", arm, 302)], arm
+
+
 @pytest.mark.slow  # starting a local Ray takes tens of seconds on a small machine
 def test_learn_on_a_local_ray_equals_the_local_executor(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
@@ -111,6 +126,7 @@ class _Recording(LocalExecutor):
     name = "recording"
 
     def __init__(self) -> None:
+        super().__init__()
         self.jobs: list[str] = []
 
     def run(self, jobs, *, cpus_per_job=1, on_result=None):  # noqa: ANN001, ANN201 - the executor protocol
@@ -122,7 +138,7 @@ def test_matrix_sends_one_job_per_preset_to_its_executor(tmp_path: Path, monkeyp
     import harness.cli.analysis_commands as commands
 
     executor = _Recording()
-    monkeypatch.setattr(commands, "parse_executor", lambda text: executor)
+    monkeypatch.setattr(commands, "parse_executor", lambda text, **_options: executor)
     code = main(["matrix", "--presets", "ppo-cartpole,ppo-acrobot", *TINY_SETS, "--quiet", "--executor", "x",
                  "--out", str(tmp_path / "m")])
     runs = json.loads((tmp_path / "m" / "runs.json").read_text())["runs"]
@@ -136,7 +152,7 @@ def test_learn_sends_one_job_per_task_and_seed_to_its_executor(tmp_path: Path,
     import harness.cli.analysis_commands as commands
 
     executor = _Recording()
-    monkeypatch.setattr(commands, "parse_executor", lambda text: executor)
+    monkeypatch.setattr(commands, "parse_executor", lambda text, **_options: executor)
     out = tmp_path / "learn"
     assert main(["learn", "ppo-cartpole,ppo-acrobot", "--seeds", "2", "--steps", "1000", *TINY_SETS,
                  "--set", "env.kwargs.max_episode_steps=200", "--quiet", "--executor", "x", "--out", str(out)]) == 0
@@ -210,6 +226,63 @@ def test_ray_tasks_hold_the_cpus_asked_for_and_keep_what_finished_on_ctrl_c(monk
     assert fake.resources == [{"num_cpus": 3, "max_retries": 0}]
     assert gathered.interrupted and gathered.results == {"a": 0, "b": 1} and gathered.hosts["a"] == "node-3"
     assert len(fake.cancelled) == 2 and fake.stopped  # the two tasks still running, then Ray shut down
+
+
+def test_fresh_process_ray_tasks_each_get_a_worker_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    gathered = parse_executor("ray", fresh_processes=True).run([Job("a", _square, (3,))], cpus_per_job=1)
+    assert fake.resources == [{"num_cpus": 1, "max_retries": 0, "max_calls": 1}] and gathered.results == {"a": 9}
+
+
+def _pid_and_square(x: int) -> tuple[int, int]:
+    return os.getpid(), x * x
+
+
+def _raise_user_error(_x: int) -> int:
+    raise UserError("bad input in a fresh process")
+
+
+def test_fresh_processes_run_each_job_in_a_process_of_its_own_and_raise_its_errors() -> None:
+    executor = LocalExecutor(fresh_processes=True)
+    gathered = executor.run([Job("a", _pid_and_square, (2,)), Job("b", _pid_and_square, (3,))])
+    (pid_a, four), (pid_b, nine) = gathered.in_order([Job("a", _square), Job("b", _square)])
+    assert (four, nine) == (4, 9) and len({pid_a, pid_b, os.getpid()}) == 3
+    with pytest.raises(UserError, match="bad input in a fresh process"):
+        executor.run([Job("c", _raise_user_error, (1,))])
+
+
+INTERRUPTED_CAMPAIGN = """
+import os, signal, threading, time
+from harness.campaigns.executors import LocalExecutor
+from harness.campaigns.jobs import Job
+
+def fill(sink):
+    for i in range(3000):
+        sink.append(i)
+        if i == 5:
+            open(os.environ["READY"], "w").close()
+        time.sleep(0.01)
+    return sink
+
+def interrupt_when_ready():
+    while not os.path.exists(os.environ["READY"]):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_when_ready, daemon=True).start()
+jobs = [Job("first", fill, ([],), keeps=0), Job("second", fill, ([],), keeps=0)]
+gathered = LocalExecutor(fresh_processes=True).run(jobs)
+print(gathered.interrupted, sorted(gathered.results), len(gathered.results["first"]) >= 6)
+"""
+
+
+def test_ctrl_c_stops_a_fresh_process_job_and_keeps_what_it_had_filled(tmp_path: Path) -> None:
+    env = {**os.environ, "READY": str(tmp_path / "ready"), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_CAMPAIGN], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "['first']", "True"], proc.stdout + proc.stderr
 
 
 def test_a_jobs_own_error_reaches_the_command_as_a_local_run_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
+import harness.cli.analysis_commands as commands
+from harness.campaigns.executors import LocalExecutor
 from harness.cli import main
 import harness.stats.verdicts as verdicts_module
 from harness.analyses.learn_verdicts import aggregate, compare, final_count, make_grid, on_grid, parse_margins
@@ -219,6 +221,8 @@ def test_ctrl_c_writes_what_was_recorded(tmp_path: Path, monkeypatch: pytest.Mon
         return real_iterate(self)
 
     monkeypatch.setattr(PPOTrainer, "iterate", iterate)
+    # the patched iterate lives in this process: the jobs run here (tests/test_campaigns.py stops fresh ones)
+    monkeypatch.setattr(commands, "parse_executor", lambda text, **_options: LocalExecutor())
     out = tmp_path / "learn"
     assert main(["learn", "ppo-cartpole", *SMALL, "--out", str(out)]) == 130
     data = _load(out)

@@ -29,6 +29,7 @@ from harness.campaigns.jobs import Job
 from harness.errors import UserError
 from harness.measurement.interrupts import raise_if_stopping
 from harness.stats import quality
+from harness.measurement import machine_state
 from harness.measurement.machine_state import OthersMeter, Snapshot, retain_heap
 from harness.specs.own_trainer import OwnConfig
 from harness.specs.presets import VariantSpec, load_preset, own_trainer_preset, specs_of
@@ -238,6 +239,8 @@ class SeedRun:
     curves: list[Curve] = field(default_factory=list)
     others_share: float | None = None
     threads: dict[str, int] = field(default_factory=dict)
+    heap_retained: bool | None = None
+    """Whether the job's own process fixed glibc's malloc thresholds (None: the campaign's process did)."""
 
 
 @dataclass
@@ -261,15 +264,16 @@ class _Live:
     done: bool = False
 
 
-def seed_jobs(plans: list[Plan], sinks: dict[str, SeedRun] | None = None) -> list[Job]:
-    """One job per task and seed (``sinks``: a local campaign's live records, kept when it is interrupted; without
-    them each job is a process of its own and fixes its heap itself)."""
+def seed_jobs(plans: list[Plan], sinks: dict[str, SeedRun] | None = None, own_process: bool = True) -> list[Job]:
+    """One job per task and seed. ``sinks``: live records the jobs fill as they go, kept when the campaign is
+    interrupted (in this process, or sent back by a fresh one); ``own_process``: each job is a process of its
+    own and fixes its heap itself."""
     jobs = []
     for plan in plans:
         for index, seed in enumerate(plan.seeds):
             name = f"{plan.preset} seed {seed}"
             sink = None if sinks is None else sinks.setdefault(name, SeedRun(plan.preset, seed))
-            jobs.append(Job(name, learn_seed, (plan, index, sink, sinks is None)))
+            jobs.append(Job(name, learn_seed, (plan, index, sink, own_process), keeps=2))
     return jobs
 
 
@@ -287,6 +291,7 @@ def learn_seed(plan: Plan, index: int, sink: SeedRun | None = None, own_process:
     try:
         if own_process:
             _retain_heap([plan])
+            run.heap_retained = machine_state.heap_retention.retained
         # the curves must not depend on where or beside what the job runs: every thread count that decides how
         # float sums are split (torch's default intra-op threads, NumPy's BLAS, OpenMP) is LEARN_THREADS in
         # every job, on every executor, whatever the load; an arm's own torch_threads still applies
@@ -308,16 +313,17 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     executor=getattr(executor, "label", executor.name))
     local = isinstance(executor, LocalExecutor)
+    in_process = local and not getattr(executor, "fresh_processes", False)
     sinks: dict[str, SeedRun] = {}
-    jobs = seed_jobs(plans, sinks if local else None)
+    jobs = seed_jobs(plans, sinks if local else None, own_process=not in_process)
     started = time.perf_counter()
     snapshot = Snapshot.take()  # learn never caps threads by the load (see learn_seed)
-    if local:
+    if in_process:
         _retain_heap(plans)
     gathered = executor.run(jobs, cpus_per_job=cpus_per_job, on_result=on_seed)
     record.wall_s = time.perf_counter() - started
     record.interrupted, record.hosts = gathered.interrupted, dict(gathered.hosts)
-    runs = [sinks[job.name] for job in jobs if job.name in sinks] if local else gathered.in_order(jobs)
+    runs = [sinks[job.name] for job in jobs if job.name in sinks] if in_process else gathered.in_order(jobs)
     for run in runs:
         for curve in run.curves:
             record.curves[run.task][curve.arm].append(curve)
@@ -327,6 +333,8 @@ def run_campaign(plans: list[Plan], executor: Executor, *, cpus_per_job: int = 1
     shares = [run.others_share for run in runs if run.others_share is not None]
     record.machine_state = snapshot.record(shares, {"intra_op": max(threads.values(), default=None),
                                                     "by_arm": threads})
+    if not in_process and runs:  # each job fixed its own process's heap
+        record.machine_state["heap_retained"] = all(run.heap_retained for run in runs)
     record.quality = quality.assess(record.machine_state, [])
     return record
 

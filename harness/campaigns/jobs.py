@@ -15,6 +15,8 @@ class Job:
     name: str
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
+    keeps: int | None = None
+    """The index of the argument the job fills as it goes (kept when a fresh-process job is interrupted)."""
 
 
 @dataclass

@@ -68,9 +68,10 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, fresh_processes: bool = False) -> None:
         self.ray = _require_ray()
         self.address = address
+        self.fresh_processes = fresh_processes
         if address is not None and address != "auto" and not self.ray.is_initialized():
             check_reachable(address)  # a malformed or silent address fails before anything runs
 
@@ -101,7 +102,9 @@ class RayExecutor:
         ray = self.ray
         started = self._start()
         gathered = Gathered()
-        task = ray.remote(num_cpus=cpus_per_job, max_retries=0)(_remote_body)
+        # fresh processes: a worker runs one task and exits, so no task inherits another's process state
+        options = {"max_calls": 1} if self.fresh_processes else {}
+        task = ray.remote(num_cpus=cpus_per_job, max_retries=0, **options)(_remote_body)
         pending = {task.remote(job.fn, cpus_per_job, *job.args): job for job in jobs}
         try:
             while pending:

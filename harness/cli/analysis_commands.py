@@ -362,7 +362,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         return _learn_exit(data, args, [])
     if args.cpus_per_job < 1:
         raise UserError(f"--cpus-per-job {args.cpus_per_job}: accepted: a whole number of CPUs, 1 or more")
-    executor = parse_executor(args.executor)
+    executor = parse_executor(args.executor, fresh_processes=True)  # no seed's curves depend on the seeds before
     # learn's --steps and --seed are its budget and first seed, not run.steps and seed
     overrides = user_overrides(argparse.Namespace(**{**vars(args), "steps": None, "seed": None}))
     plans = learn.plan_campaign(args.target, overrides, peer=args.peer, seeds=args.seeds, steps=args.steps,
