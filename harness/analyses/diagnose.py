@@ -156,6 +156,10 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
     steps = max(1, hooked.env_steps)
     seconds = {name: max(0.0, state.clock.seconds[name]) for name in HOOKED_PHASES}
     seconds["update"] += state.clock.burst_seconds()
+    if counters.forwards["inference"] == 0 and counters.env_classes:  # acting with no torch module (module doc)
+        handed_over, acting = state.clock.steady_split()
+        seconds["transfer"] += handed_over
+        seconds["inference"] += acting
     phases = _percent(seconds, hooked.seconds)
     probe_seconds = state.probe.totals()
     reported = any(probe_seconds.get(name, 0.0) > 0 for name in PHASES)

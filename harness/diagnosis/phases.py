@@ -15,7 +15,12 @@
 Work no hook sees (a NumPy learner, say) is attributed by its rhythm: the unhooked time
 between two env steps is the loop's per-step work; a gap whose unhooked time exceeds
 ``BURST_FACTOR`` times the median gap is a burst that runs on some steps only, the learner's:
-its excess over the median counts as ``update``.
+its excess over the median counts as ``update``. A loop that steps its envs with no inference
+forward at all acts some other way (NumPy, say): its per-step work, the gaps outside bursts,
+counts as ``inference`` (choosing the actions is the one thing every step must do), except the
+part of each gap up to its last tensor made from NumPy data, which stores the step for torch:
+``transfer``. Likewise the part of an update's lead-in up to its last tensor made from NumPy data
+assembles a minibatch on the host and hands it over: ``transfer``; the rest is ``update``.
 
 The outermost phase wins: a forward inside an env step is env time, a backward inside a
 forward is the forward's (no double counting). The same hooks count outermost forwards, by
@@ -59,6 +64,10 @@ class PhaseClock:
         self._hooked_since_acting = 0.0
         self.update_host_tensors = 0
         """Tensors made from NumPy data inside an update or on the way into one (sampling a replay)."""
+        self._lead_transfer = 0.0
+        self._gap_transfer = 0.0
+        self.gap_transfers: list[float] = []
+        """Of each gap, the unhooked seconds up to its last tensor made from NumPy data (the step's data handed over)."""
 
     @property
     def current(self) -> str | None:
@@ -96,18 +105,33 @@ class PhaseClock:
         elif phase == "update":
             self._acting_from = None
         if phase in ("env", "update"):
-            self._anchor = now
+            self._anchor, self._lead_transfer = now, 0.0
             self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
             self.host_tensors_since_anchor = 0
         else:
             self._since_anchor[phase] += now - self._started
 
+    def host_tensor_made(self) -> None:
+        """A tensor made from NumPy data has just been made (outside any phase): the work before it since the
+        last env step or update, and in this gap, prepared data for torch (the ``transfer`` splits above)."""
+        if not self.enabled or self._stack:
+            return
+        now = time.perf_counter()
+        if self._anchor is not None:
+            self._lead_transfer = max(0.0, now - self._anchor - self._since_anchor["transfer"])
+        if self._gap_started is not None:
+            self._gap_transfer = max(0.0, now - self._gap_started - self._hooked_in_gap)
+
     def _lead_in(self, now: float) -> None:
-        """The time since the last env step or update call, transfers aside, becomes update time."""
+        """The time since the last env step or update call, transfers aside, becomes update time (transfer up to
+        its last tensor made from NumPy data)."""
         assert self._anchor is not None
         moved = now - self._anchor - self._since_anchor["transfer"]
+        handed_over = min(moved, self._lead_transfer)  # a minibatch assembled on the host, up to its tensors
         self.seconds["inference"] -= self._since_anchor["inference"]
-        self.seconds["update"] += moved
+        self.seconds["transfer"] += handed_over
+        self.seconds["update"] += moved - handed_over
+        self._lead_transfer = 0.0
         self._hooked_in_gap += moved - self._since_anchor["inference"]
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.update_host_tensors += self.host_tensors_since_anchor
@@ -125,8 +149,10 @@ class PhaseClock:
 
     def _close_gap(self, now: float) -> None:
         if self._gap_started is not None:
-            self.gaps.append(max(0.0, now - self._gap_started - self._hooked_in_gap))
-        self._gap_started, self._hooked_in_gap = None, 0.0
+            gap = max(0.0, now - self._gap_started - self._hooked_in_gap)
+            self.gaps.append(gap)
+            self.gap_transfers.append(min(gap, self._gap_transfer))
+        self._gap_started, self._hooked_in_gap, self._gap_transfer = None, 0.0, 0.0
 
     def end_window(self) -> None:
         """The end of an ``iterate()`` call: the time since its last env step is a gap too."""
@@ -139,10 +165,23 @@ class PhaseClock:
         median = sorted(self.gaps)[len(self.gaps) // 2]
         return sum(gap - median for gap in self.gaps if gap > BURST_FACTOR * median)
 
+    def steady_split(self) -> tuple[float, float]:
+        """The loop's per-step work (unhooked time between env steps, bursts aside) as (transfer, acting): in each
+        gap, the part up to its last tensor made from NumPy data hands the step's data over, the rest acts."""
+        if not self.gaps:
+            return 0.0, 0.0
+        median = sorted(self.gaps)[len(self.gaps) // 2]
+        handed_over = acting = 0.0
+        for gap, transfer in zip(self.gaps, self.gap_transfers):
+            steady = gap if len(self.gaps) < 3 or gap <= BURST_FACTOR * median else median
+            handed_over += min(transfer, steady)
+            acting += steady - min(transfer, steady)
+        return handed_over, acting
+
     def start_window(self) -> None:
         """A new ``iterate()`` call: no lead-in reaches back before it."""
-        self._gap_started, self._hooked_in_gap = time.perf_counter(), 0.0
-        self._acting_from = None
+        self._gap_started, self._hooked_in_gap, self._gap_transfer = time.perf_counter(), 0.0, 0.0
+        self._acting_from, self._lead_transfer = None, 0.0
         self._anchor = time.perf_counter()
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.host_tensors_since_anchor = 0
@@ -297,6 +336,7 @@ def _from_host(clock: PhaseClock, original: Callable[..., Any]) -> Callable[...,
             return original(data, *args, **kwargs)
         finally:
             clock.leave()
+            clock.host_tensor_made()
 
     return wrapped
 
