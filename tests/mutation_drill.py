@@ -138,7 +138,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ppo-uint8-transfer-ignored", _o("uint8_transfer"), "reference_trainers/ppo/trainer.py",
            "uint8=bool(o.uint8_transfer))", "uint8=False)"),
     Mutant("lean-rollout-ignored", _o("lean_rollout"), "reference_trainers/ppo/trainer.py",
-           "self.lean = bool(o.lean_rollout)", "self.lean = False"),
+           "self.rollout = choose_rollout(bool(o.lean_rollout))", "self.rollout = choose_rollout(False)"),
     Mutant("stacked-mlps-ignored", _o("stacked_mlps"), "reference_trainers/ppo/trainer.py",
            "self.stacked_mlps = bool(o.stacked_mlps)", "self.stacked_mlps = False"),
     Mutant("fused-gae-ignored", _o("fused_gae"), "reference_trainers/ppo/trainer.py",

@@ -593,7 +593,7 @@ FLAGS: tuple[Flag, ...] = (
          "the reset mask, rewards and done flags are staged on the host and cross once per rollout; actions, "
          "log-probabilities and values are stacked once (with numpy_acting, staged on the host with the "
          "observations and copied once each); episodes and transitions are counted once per rollout from the "
-         "staged arrays.", _at("ppo.trainer:PPOTrainer._collect_lean"), "transfer",
+         "staged arrays.", _at("ppo.rollout:LeanRollout"), "transfer",
          algos=("ppo",), auto=_always("one host->device copy per rollout, not per step")),
     Flag(_o("stacked_mlps"), BoolOrAuto, False, (True,), "auto", FP_REORDER,
          "one block-diagonal matmul per layer sums in another order",

@@ -24,7 +24,7 @@ from reference_trainers.nets import mlp
 from reference_trainers.runtime import distributed
 from reference_trainers.paths import numpy_acting as host
 from reference_trainers.config.schema import ConfigError, TrainConfig
-from reference_trainers.envs.factory import frames_in_step, open_vector_env
+from reference_trainers.envs.factory import open_vector_env
 from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from reference_trainers.nets.networks import ActorCritic
@@ -32,6 +32,7 @@ from reference_trainers.paths.acting import choose_acting
 from reference_trainers.paths.numpy_update import HostPPOStep
 from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss, ppo_loss_grads
 from reference_trainers.ppo.policy import NumpyPPOActing, PPOPolicy, action_noise, evaluate_actions, sample_action
+from reference_trainers.ppo.rollout import choose_rollout
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
@@ -169,7 +170,7 @@ class PPOTrainer(Checkpointable):
         self.numpy_path = NumpyPPOActing(self.policy, self.probe, self.inference_chunk) if self.numpy_acting else None
         self.act = choose_acting(self.policy, self.num_envs, self.probe, o.batch_inference, o.inference_batch_size,
                                  self.numpy_path)
-        self.lean = bool(o.lean_rollout)
+        self.rollout = choose_rollout(bool(o.lean_rollout))
         self.gae = compute_gae_fused if o.fused_gae else compute_gae
         self.packed = bool(o.packed_gather)
 
@@ -215,7 +216,7 @@ class PPOTrainer(Checkpointable):
         # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
         self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
         # lean_rollout with numpy_acting: the rollout's observations staged on the host, copied once per rollout
-        staged_obs = self.lean and self.numpy_acting
+        staged_obs = self.rollout.stages_observations and self.numpy_acting
         self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if staged_obs else None
 
     # ----------------------------------------------------------------- acting
@@ -227,9 +228,9 @@ class PPOTrainer(Checkpointable):
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         """One action selection for a batch of ``num_envs`` observations (host in, env-ready actions out)."""
-        return self._env_actions(self.act(obs).host_actions)
+        return self.env_actions(self.act(obs).host_actions)
 
-    def _env_actions(self, host_actions: np.ndarray) -> np.ndarray:
+    def env_actions(self, host_actions: np.ndarray) -> np.ndarray:
         if self.discrete:
             return host_actions.astype(np.int64, copy=False)
         return np.clip(host_actions, self.action_low, self.action_high)
@@ -241,79 +242,10 @@ class PPOTrainer(Checkpointable):
         if self.block_noise:  # every acting draw of this rollout, in the order its steps take them
             self.numpy_path.start_rollout(self.config.ppo.num_steps)
         try:
-            return self._collect_lean() if self.lean else self._collect_plain()
+            return self.rollout.collect(self)
         finally:
             if self.numpy_path is not None:
                 self.numpy_path.end_rollout()
-
-    def _collect_plain(self) -> tuple[int, int]:
-        """Plain path: every step's tensors cross to the device and are written to storage as they come."""
-        probe, frames = self.probe, 0
-        for t in range(self.config.ppo.num_steps):
-            with probe.phase("transfer"):
-                self.valid_buf[t] = self.to_device(~self.episode_over, "valid")
-            obs_t, (action, logprob, value), host_actions = self.act(self.next_obs)
-            self.obs_buf[t] = torch.as_tensor(obs_t)  # numpy_acting hands back host arrays
-            self.actions_buf[t] = torch.as_tensor(action)
-            self.logprobs_buf[t] = torch.as_tensor(logprob)
-            self.values_buf[t] = torch.as_tensor(value)
-            with probe.phase("env"):
-                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
-            with probe.phase("transfer"):
-                flags = self.to_device(np.stack([reward, terminated, truncated]), "flags")
-                self.rewards_buf[t], self.terminated_buf[t], self.truncated_buf[t] = flags
-            with probe.phase("logging"):
-                frames += frames_in_step(info, self.num_envs, self.episode_over)
-                self.tracker.update(reward, terminated, truncated)
-                self.episode_over = terminated | truncated
-        return frames, self.config.ppo.num_steps * self.num_envs
-
-    def _collect_lean(self) -> tuple[int, int]:
-        """Optimised path (``lean_rollout``): the storage is written once per rollout, not per step.
-        The reset mask, rewards and done flags go to a host array that crosses once; actions,
-        log-probabilities and values are stacked once at the end (with ``numpy_acting`` they and the
-        observations are host arrays, staged on the host and copied once each). Episodes and
-        transitions are counted once per rollout from the staged arrays. Acting is the plain
-        collect's: ``act`` decides the forward."""
-        probe, frames, steps = self.probe, 0, self.config.ppo.num_steps
-        host = self.host_scalars
-        actions, logprobs, values = [], [], []
-        host_obs = self.host_obs
-        framed: list[int] = []  # steps whose info reports frames (action repeat); the others count their valid rows
-        for t in range(steps):
-            host[0, t] = ~self.episode_over
-            obs_t, (action, logprob, value), host_actions = self.act(self.next_obs)
-            if self.numpy_acting:  # a copy: a vector env may hand back the same array each step
-                host_obs[t] = obs_t
-            else:
-                self.obs_buf[t] = obs_t
-            actions.append(action)
-            logprobs.append(logprob)
-            values.append(value)
-            with probe.phase("env"):
-                self.next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(host_actions))
-            with probe.phase("logging"):
-                host[1, t], host[2, t], host[3, t] = reward, terminated, truncated
-                if "frames" in info:
-                    frames += frames_in_step(info, self.num_envs, self.episode_over)
-                    framed.append(t)
-                self.episode_over = terminated | truncated
-        with probe.phase("logging"):  # episodes and transitions of the whole rollout, from the staged arrays
-            frames += int(np.count_nonzero(host[0])) - int(np.count_nonzero(host[0, framed]))
-            self.tracker.update_block(host[1], (host[2] + host[3]) > 0)
-        with probe.phase("transfer"):
-            scalars = self.to_device(host, "rollout_scalars")
-            for store, rows in zip((self.valid_buf, self.rewards_buf, self.terminated_buf, self.truncated_buf), scalars):
-                store.copy_(rows)
-            if self.numpy_acting:  # the whole rollout's host arrays, one copy each
-                self.obs_buf.copy_(torch.from_numpy(host_obs))
-                for store, rows in ((self.actions_buf, actions), (self.logprobs_buf, logprobs), (self.values_buf, values)):
-                    store.copy_(torch.from_numpy(np.stack(rows)))
-            else:
-                torch.stack(actions, out=self.actions_buf)
-                torch.stack(logprobs, out=self.logprobs_buf)
-                torch.stack(values, out=self.values_buf)
-        return frames, steps * self.num_envs
 
     # ----------------------------------------------------------------- update
     def minibatch_loss(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
