@@ -141,10 +141,10 @@ def test_foreach_grad_clip_alone_picks_the_clipping_path(monkeypatch: pytest.Mon
 def test_lean_rollout_stages_the_rollout_scalars_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flag stages rollout scalars on the host; the fused GAE and the packed gather stay off
     (flags of their own) until asked for."""
-    import reference_trainers.ppo.trainer as ppo_mod
+    import reference_trainers.ppo.minibatches as minibatches
     used: list[str] = []
-    monkeypatch.setattr(ppo_mod.PPOTrainer, "_packed_gather",
-                        staticmethod(lambda batch, real=ppo_mod.PPOTrainer._packed_gather: used.append("packed") or real(batch)))
+    monkeypatch.setattr(minibatches, "packed_gather",
+                        lambda batch, real=minibatches.packed_gather: used.append("packed") or real(batch))
     for lean in (False, True):
         trainer = ppo_trainer(f"optimizations.lean_rollout={str(lean).lower()}")
         try:

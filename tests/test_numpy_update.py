@@ -27,7 +27,8 @@ from reference_trainers.config.schema import build_config
 from reference_trainers.paths.learner import flat_gradients
 from reference_trainers.nets.networks import mlp
 from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss_grads, ppo_loss_grads_numpy
-from reference_trainers.ppo.trainer import PPOTrainer, _host_packed_gather
+from reference_trainers.ppo.minibatches import host_packed_gather, packed_gather
+from reference_trainers.ppo.trainer import PPOTrainer
 
 FP_REORDER = {"rtol": TOLERANCES[FP_REORDER_CLASS].rtol, "atol": TOLERANCES[FP_REORDER_CLASS].atol}
 ON = ["optimizations.analytic_grads=true", "optimizations.numpy_update=true"]
@@ -97,8 +98,8 @@ def test_the_host_packed_gather_selects_the_rows_the_torch_one_does(env: str) ->
         batch = (t.obs_buf.flatten(0, 1), t.actions_buf.flatten(0, 1), t.logprobs_buf.flatten(),
                  torch.randn(rows), torch.randn(rows), t.values_buf.flatten(), t.valid_buf.flatten())
         idx = torch.randperm(rows)[: rows // 2]
-        host = _host_packed_gather(batch)(idx)
-        expected = PPOTrainer._packed_gather(batch)(idx)
+        host = host_packed_gather(batch)(idx)
+        expected = packed_gather(batch)(idx)
         assert len(host) == len(expected)
         for got, want in zip(host, expected):
             assert isinstance(got, np.ndarray) and got.dtype == np.float32

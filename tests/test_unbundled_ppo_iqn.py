@@ -17,6 +17,7 @@ from flag_effects import running, spy
 from properties.parity_runs import Outcome, assert_clean, assert_parity, train
 
 import reference_trainers.value.iqn as iqn_mod
+import reference_trainers.ppo.minibatches as minibatches
 import reference_trainers.ppo.trainer as ppo_mod
 from harness.stats.parity import TOLERANCES
 from reference_trainers.config.flags import EXACT, FP_REORDER, flag
@@ -34,13 +35,6 @@ def on(name: str, value: bool = True) -> str:
     return f"optimizations.{name}={str(value).lower()}"
 
 
-def spy_static(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> list[bool]:
-    """``spy`` for a staticmethod: each call appends True, then calls through."""
-    real, calls = getattr(owner, name), []
-    monkeypatch.setattr(owner, name, staticmethod(lambda *args: calls.append(True) or real(*args)))
-    return calls
-
-
 def path_spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
     """Calls of each unbundled flag's optimised path and of the plain paths beside them."""
     return {"rollout_scalars": spy(monkeypatch, HostToDevice, "__call__", lambda _self, _array, name, *_: name),
@@ -48,7 +42,7 @@ def path_spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
             "side_by_side": spy(monkeypatch, NumpyMLP, "side_by_side"),
             "gae": spy(monkeypatch, ppo_mod, "compute_gae"),
             "gae_fused": spy(monkeypatch, ppo_mod, "compute_gae_fused"),
-            "packed": spy_static(monkeypatch, ppo_mod.PPOTrainer, "_packed_gather")}
+            "packed": spy(monkeypatch, minibatches, "packed_gather")}
 
 
 # --------------------------------------------------------------------------- effects

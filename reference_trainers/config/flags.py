@@ -610,7 +610,7 @@ FLAGS: tuple[Flag, ...] = (
          _at("ppo.trainer:compute_gae_fused"), "update", algos=("ppo",), auto=_always("fewer ops per time step")),
     Flag(_o("packed_gather"), BoolOrAuto, False, (True,), "auto", EXACT, "the same rows, gathered from one tensor",
          "a minibatch is one gather per field.", "the batch packed column-wise once; a minibatch is one gather.",
-         _at("ppo.trainer:PPOTrainer._packed_gather"), "update", algos=("ppo",), blockers=_packed_gather_blockers,
+         _at("ppo.minibatches:packed_gather"), "update", algos=("ppo",), blockers=_packed_gather_blockers,
          auto=_always("one gather per minibatch instead of one per field")),
     Flag(_o("replay_direct_write"), BoolOrAuto, False, (True,), "auto", EXACT,
          "the writer's rows, bit for bit",

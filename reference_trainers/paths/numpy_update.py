@@ -73,7 +73,7 @@ class HostPPOStep:
     def __call__(self, obs: torch.Tensor | np.ndarray, *rest: torch.Tensor | np.ndarray
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """``obs``, then actions, old log-probabilities, advantages, returns, old values and the
-        mask: CPU tensors, or NumPy arrays (``ppo._host_packed_gather``'s column views)."""
+        mask: CPU tensors, or NumPy arrays (``ppo.minibatches.host_packed_gather``'s column views)."""
         obs_h = np.ascontiguousarray(_host(obs).reshape(len(obs), -1))  # a column view of the packed minibatch
         logits, actor_inputs = self.actor.forward(obs_h)
         value, critic_inputs = self.critic.forward(obs_h)

@@ -11,7 +11,6 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -32,6 +31,7 @@ from reference_trainers.paths.acting import choose_acting
 from reference_trainers.paths.numpy_update import HostPPOStep
 from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss, ppo_loss_grads
 from reference_trainers.ppo.policy import NumpyPPOActing, PPOPolicy, action_noise, evaluate_actions, sample_action
+from reference_trainers.ppo.minibatches import choose_gather
 from reference_trainers.ppo.rollout import choose_rollout
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
@@ -95,21 +95,6 @@ def _chain_on_host(deltas: np.ndarray, chain: np.ndarray, out: np.ndarray) -> No
         running = np.add(deltas[t], scaled, out=out[t])
 
 
-def _host_packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[np.ndarray, ...]]:
-    """``packed_gather`` for ``numpy_update``: the batch packed column-wise into one float32 NumPy
-    array (observations flattened), so that a minibatch is one ``take`` and column views; the
-    rows are the ones the same indices select from the torch batch."""
-    rows = batch[0].shape[0]
-    columns = [x.reshape(rows, -1).float().numpy() for x in batch]
-    packed = np.concatenate(columns, axis=1)
-    obs_width = columns[0].shape[1]
-
-    def gather(idx: torch.Tensor) -> tuple[np.ndarray, ...]:
-        minibatch = packed.take(idx.numpy(), axis=0)
-        return (minibatch[:, :obs_width], *(minibatch[:, obs_width + i] for i in range(len(columns) - 1)))
-    return gather
-
-
 # --------------------------------------------------------------------------- trainer
 
 class PPOTrainer(Checkpointable):
@@ -150,8 +135,8 @@ class PPOTrainer(Checkpointable):
         self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
         self.loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
-        self.numpy_update = bool(o.numpy_update)
-        if self.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
+        numpy_update = bool(o.numpy_update)
+        if numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
             self.learner.loss = HostPPOStep(self.model.actor, self.model.critic, self.learner.flat_grad,
                                             c.stability.max_grad_norm, **asdict(self.loss_coefs))
         # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
@@ -172,7 +157,7 @@ class PPOTrainer(Checkpointable):
                                  self.numpy_path)
         self.rollout = choose_rollout(bool(o.lean_rollout))
         self.gae = compute_gae_fused if o.fused_gae else compute_gae
-        self.packed = bool(o.packed_gather)
+        self.gather_from = choose_gather(bool(o.packed_gather), numpy_update)  # a minibatch's rows from the batch
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.allocate_storage()
@@ -311,10 +296,7 @@ class PPOTrainer(Checkpointable):
                      advantages.flatten(), returns.flatten(), self.values_buf.flatten(), self.valid_buf.flatten())
             size = batch[0].shape[0]
             minibatch = size // c.ppo.num_minibatches
-            if self.packed:  # with numpy_update, packed into a NumPy array the NumPy step reads views of
-                gather = _host_packed_gather(batch) if self.numpy_update else self._packed_gather(batch)
-            else:
-                gather = lambda idx: tuple(x[idx] for x in batch)  # noqa: E731
+            gather = self.gather_from(batch)
             steps = 0
             for _ in range(c.ppo.update_epochs):
                 order = torch.randperm(size, generator=self.generator, device=self.device)
@@ -324,26 +306,6 @@ class PPOTrainer(Checkpointable):
                     self.learner.step(*minibatch_tensors)
                     steps += 1
         return steps
-
-    @staticmethod
-    def _packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
-        """``packed_gather``: the batch packed column-wise into one float32 tensor, so that a
-        minibatch is one ``index_select`` and column views (discrete actions travel as float32,
-        exact below 2**24; ``evaluate_actions`` takes them back to int64). Observations that are
-        not flat float32 vectors are gathered on their own."""
-        obs, rest = batch[0], batch[1:]
-        pack_obs = obs.dtype == torch.float32 and obs.dim() == 2
-        columns = ([obs] if pack_obs else []) + [x.reshape(x.shape[0], -1).float() for x in rest]
-        widths = [x.shape[1] for x in columns]
-        packed = torch.cat(columns, dim=1)
-        flat_action = batch[1].dim() == 1
-
-        def gather(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            parts = list(packed.index_select(0, idx).split(widths, dim=1))
-            gathered_obs = parts.pop(0) if pack_obs else obs[idx]
-            action = parts[0].squeeze(1) if flat_action else parts[0]
-            return (gathered_obs, action, *(part.squeeze(1) for part in parts[1:]))
-        return gather
 
     # ----------------------------------------------------------------- loop
     def iterate(self) -> IterationResult:
