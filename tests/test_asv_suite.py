@@ -217,7 +217,11 @@ def test_asv_continuous_reports_a_planted_slowdown_and_not_an_identical_commit(t
     assert len(worse) == 2, slowed.stdout  # both variants
     assert all(float(line.split("|")[4]) > float(ASV_FACTOR) for line in worse)
 
+    # identical commits: an A/A run at the factor has a small measured false-alarm rate (docs/tracking.md), so a
+    # flag is confirmed by a second run before it counts; the planted 3x slowdown above is flagged in one
     same = _asv("continuous", *bench, "HEAD~2", "HEAD~1", cwd=repo, env=env)
+    if same.returncode != 0:
+        same = _asv("continuous", *bench, "HEAD~2", "HEAD~1", cwd=repo, env=env)
     assert same.returncode == 0, same.stdout + same.stderr
     assert "PERFORMANCE DECREASED" not in same.stdout
 
