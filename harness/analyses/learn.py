@@ -40,10 +40,10 @@ DEFAULT_STEPS = 100_000
 """Env steps each arm trains for, per seed."""
 DEFAULT_SEEDS = 5
 MIN_SEEDS = 2
+"""Fewest seeds ``learn`` takes (an interval needs two); a verdict needs ``power.MIN_REPEATS``."""
 LEARN_THREADS = 1
 """Intra-op and BLAS threads of every learn job (an arm's own ``optimizations.torch_threads`` still applies):
 one count everywhere, so that a seed's curve is the same on every executor and under any load."""
-"""Fewest seeds ``learn`` takes (an interval needs two); a verdict needs ``power.MIN_REPEATS``."""
 
 
 # --------------------------------------------------------------------------- the plan, checked before anything runs

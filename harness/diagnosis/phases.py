@@ -158,22 +158,24 @@ class PhaseClock:
         """The end of an ``iterate()`` call: the time since its last env step is a gap too."""
         self._close_gap(time.perf_counter())
 
+    def _median_gap(self) -> float | None:
+        """The median gap; None with fewer than three gaps, too few to tell a burst."""
+        return sorted(self.gaps)[len(self.gaps) // 2] if len(self.gaps) >= 3 else None
+
     def burst_seconds(self) -> float:
         """Unhooked time in bursts: each gap's excess over the median gap, where it exceeds ``BURST_FACTOR`` x it."""
-        if len(self.gaps) < 3:
+        median = self._median_gap()
+        if median is None:
             return 0.0
-        median = sorted(self.gaps)[len(self.gaps) // 2]
         return sum(gap - median for gap in self.gaps if gap > BURST_FACTOR * median)
 
     def steady_split(self) -> tuple[float, float]:
         """The loop's per-step work (unhooked time between env steps, bursts aside) as (transfer, acting): in each
         gap, the part up to its last tensor made from NumPy data hands the step's data over, the rest acts."""
-        if not self.gaps:
-            return 0.0, 0.0
-        median = sorted(self.gaps)[len(self.gaps) // 2]
+        median = self._median_gap()
         handed_over = acting = 0.0
         for gap, transfer in zip(self.gaps, self.gap_transfers):
-            steady = gap if len(self.gaps) < 3 or gap <= BURST_FACTOR * median else median
+            steady = gap if median is None or gap <= BURST_FACTOR * median else median
             handed_over += min(transfer, steady)
             acting += steady - min(transfer, steady)
         return handed_over, acting

@@ -17,7 +17,7 @@ def plain_gather(batch: Batch) -> Callable[[torch.Tensor], Batch]:
     return lambda idx: tuple(x[idx] for x in batch)
 
 
-def packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+def packed_gather(batch: Batch) -> Callable[[torch.Tensor], Batch]:
     """``packed_gather``: the batch packed column-wise into one float32 tensor, so that a
     minibatch is one ``index_select`` and column views (discrete actions travel as float32,
     exact below 2**24; ``evaluate_actions`` takes them back to int64). Observations that are
@@ -29,7 +29,7 @@ def packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], t
     packed = torch.cat(columns, dim=1)
     flat_action = batch[1].dim() == 1
 
-    def gather(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def gather(idx: torch.Tensor) -> Batch:
         parts = list(packed.index_select(0, idx).split(widths, dim=1))
         gathered_obs = parts.pop(0) if pack_obs else obs[idx]
         action = parts[0].squeeze(1) if flat_action else parts[0]
@@ -37,7 +37,7 @@ def packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], t
     return gather
 
 
-def host_packed_gather(batch: tuple[torch.Tensor, ...]) -> Callable[[torch.Tensor], tuple[np.ndarray, ...]]:
+def host_packed_gather(batch: Batch) -> Callable[[torch.Tensor], tuple[np.ndarray, ...]]:
     """``packed_gather`` for ``numpy_update``: the batch packed column-wise into one float32 NumPy
     array (observations flattened), so that a minibatch is one ``take`` and column views; the
     rows are the ones the same indices select from the torch batch."""
