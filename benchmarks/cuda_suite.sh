@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # The CUDA check of a machine with an NVIDIA GPU: the test suite (its CUDA tests run there and are skipped
 # elsewhere), then each named preset measured on cuda, one at a time, each result in OUT/runs/PRESET.json.
-#   bash benchmarks/cuda_suite.sh OUT [--budget SECONDS] [--tests|--no-tests] [PRESET[:ARGS]...]
+#   bash benchmarks/cuda_suite.sh OUT [--budget SECONDS] [--tests|--no-tests|--tests-from FILE] [PRESET[:ARGS]...]
+# --tests-from FILE: only the test files or node ids FILE lists, one a line (e.g. the files with CUDA tests).
 # PRESET:ARGS passes more `rlgauge run` options, e.g. ppo-cartpole-gpu:--steps=32768. No preset named:
 # every preset. The budget (default 3600 s) bounds the whole script: a preset starts only while at
 # least 60 s of it remain, and is stopped at its end. OUT/summary.txt lists what ran and how it ended;
 # record the runs in RUNS.md with `rlgauge record --milestone NAME OUT/runs/*.json`.
 set -u
-OUT=${1:?usage: cuda_suite.sh OUT [--budget S] [--no-tests] [PRESET[:ARGS]...]}
+OUT=${1:?usage: cuda_suite.sh OUT [--budget S] [--no-tests|--tests-from FILE] [PRESET[:ARGS]...]}
 shift
 BUDGET=3600
 TESTS=1
+TEST_ARGS=()
 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case $1 in
     --budget) BUDGET=$2; shift 2 ;;
     --no-tests) TESTS=0; shift ;;
     --tests) TESTS=1; shift ;;
+    --tests-from) TESTS=1; mapfile -t TEST_ARGS < <(grep -v '^\s*$' "$2"); shift 2 ;;
     *) break ;;
   esac
 done
@@ -33,8 +36,8 @@ left() { echo $((deadline - SECONDS)); }
 
 if [ "$TESTS" = 1 ]; then
   start=$SECONDS
-  timeout $(( $(left) - 60 )) "$PY" -m pytest -q -n "$(nproc)" --dist worksteal -m "not slow" -p no:cacheprovider \
-    -rfE --junitxml="$OUT/tests.xml" >"$OUT/tests.log" 2>&1
+  timeout $(( $(left) - 60 )) "$PY" -m pytest -q -n "$(nproc)" --dist worksteal -m "not slow and not serial" -p no:cacheprovider \
+    -rfE --junitxml="$OUT/tests.xml" "${TEST_ARGS[@]}" >"$OUT/tests.log" 2>&1
   echo "tests: exit $? after $((SECONDS - start)) s: $(tail -1 "$OUT/tests.log")" >>"$SUMMARY"
 fi
 
