@@ -3,6 +3,7 @@
 # elsewhere), then each named preset measured on cuda, one at a time, each result in OUT/runs/PRESET.json.
 #   bash benchmarks/cuda_suite.sh OUT [--budget SECONDS] [--tests|--no-tests|--tests-from FILE] [PRESET[:ARGS]...]
 # --tests-from FILE: only the test files or node ids FILE lists, one a line (e.g. the files with CUDA tests).
+# --pack: at the end, everything under OUT in one file, OUT/cuda_suite.tar.gz (for a copy-back that limits files).
 # PRESET:ARGS passes more `rlgauge run` options, e.g. ppo-cartpole-gpu:--steps=32768. No preset named:
 # every preset. The budget (default 3600 s) bounds the whole script: a preset starts only while at
 # least 60 s of it remain, and is stopped at its end. OUT/summary.txt lists what ran and how it ended;
@@ -13,12 +14,14 @@ shift
 BUDGET=3600
 TESTS=1
 TEST_ARGS=()
+PACK=0
 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case $1 in
     --budget) BUDGET=$2; shift 2 ;;
     --no-tests) TESTS=0; shift ;;
     --tests) TESTS=1; shift ;;
+    --pack) PACK=1; shift ;;
     --tests-from) TESTS=1; mapfile -t TEST_ARGS < <(grep -v '^\s*$' "$2"); shift 2 ;;
     *) break ;;
   esac
@@ -55,3 +58,6 @@ for item in "${PRESETS[@]}"; do
   echo "$preset: exit $? after $((SECONDS - start)) s ${extra[*]}" >>"$SUMMARY"
 done
 cat "$SUMMARY"
+if [ "$PACK" = 1 ]; then
+  packed=$(mktemp) && tar czf "$packed" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$packed" "$OUT/cuda_suite.tar.gz"
+fi
