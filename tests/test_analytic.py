@@ -322,10 +322,10 @@ def test_the_compiled_dqn_step_gathers_its_minibatch_from_tensor_replay(extra: l
         step = t.learner.step
         t.learner.step = lambda *batch: batches.append(len(batch)) or step(*batch)  # type: ignore[method-assign]
         try:
-            assert t.gathers_in_step is gathers
+            assert t.update_path.gathers_in_step is gathers
             for _ in range(2):
                 t.iterate()
-            assert t.updates > 0 and not t.compile_fallback, getattr(t.analytic_step, "reason", "")
+            assert t.updates > 0 and not t.compile_fallback, getattr(t.update_path.compiled, "reason", "")
             assert set(batches) == ({2 if extra else 1} if gathers else {6 if extra else 5})  # indices (+ weights)
             runs.append(snapshot(t.model))
         finally:
@@ -349,14 +349,14 @@ def test_compile_train_step_compiles_the_whole_hand_written_step(algo: str) -> N
     for compiled in (False, True):
         t = build(compiled)
         try:
-            assert isinstance(t.analytic_step, CompiledOrEager) is compiled
+            assert isinstance(t.update_path.compiled, CompiledOrEager) is compiled
             if compiled:  # as one graph (a break falls back); the Python wrapper unless compile_cpp_wrapper
-                assert t.analytic_step.compile_kwargs["options"] == {}
-                assert t.analytic_step.compile_kwargs["fullgraph"] is True
+                assert t.update_path.compiled.compile_kwargs["options"] == {}
+                assert t.update_path.compiled.compile_kwargs["fullgraph"] is True
             assert not isinstance(t.learner.loss_and_grads, CompiledOrEager)
             for _ in range(3):
                 t.iterate()
-            assert t.updates > 0 and not t.compile_fallback, getattr(t.analytic_step, "reason", "")
+            assert t.updates > 0 and not t.compile_fallback, getattr(t.update_path.compiled, "reason", "")
             params.append(snapshot(t.model))
         finally:
             t.close()

@@ -225,7 +225,7 @@ def test_compile_mode_is_the_mode_the_model_is_compiled_with(monkeypatch: pytest
 def test_compile_train_step_runs_the_update_through_dynamo(monkeypatch: pytest.MonkeyPatch, on: bool,
                                                            analytic_grads: bool) -> None:
     """On: the train step, not the model, is compiled and dynamo traces graphs in iterate(); off: nothing is."""
-    step = "_analytic_grads" if analytic_grads else "_loss_and_grads"
+    step = "grads" if analytic_grads else "_loss_and_grads"
     with dynamo_graphs(monkeypatch) as (compiled, graphs):
         with running("ppo", f"optimizations.analytic_grads={str(analytic_grads).lower()}",
                      f"optimizations.compile_train_step={str(on).lower()}") as trainer:

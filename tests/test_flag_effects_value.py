@@ -167,7 +167,7 @@ def test_compile_model_runs_the_online_and_target_networks_through_dynamo(monkey
 @pytest.mark.flag_effect("optimizations.compile_train_step")
 @pytest.mark.parametrize(("algo", "extra", "steps"), [
     ("dqn", [], {"_loss_and_grads"}), ("iqn", [], {"_loss_and_grads"}),
-    ("dqn", ["optimizations.analytic_grads=true"], {"analytic_grads", "analytic_grads_at"}),
+    ("dqn", ["optimizations.analytic_grads=true"], {"grads", "grads_at"}),
 ])
 @pytest.mark.parametrize("on", [False, True])
 def test_compile_train_step_runs_the_update_through_dynamo(monkeypatch: pytest.MonkeyPatch, on: bool, algo: str,

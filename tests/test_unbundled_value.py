@@ -142,8 +142,8 @@ def test_block_noise_keeps_its_parity_class() -> None:
 @pytest.mark.flag_effect("optimizations.gather_in_step")
 @pytest.mark.parametrize("on", [False, True])
 def test_gather_in_step_hands_the_compiled_step_replay_indices(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
-    """On: the compiled step is ``analytic_grads_at``; each update hands it the drawn indices and
-    no minibatch is gathered beside it. Off: ``analytic_grads`` compiled, fed the five tensors of a
+    """On: the compiled step is ``grads_at``; each update hands it the drawn indices and
+    no minibatch is gathered beside it. Off: ``grads`` compiled, fed the five tensors of a
     minibatch gathered from replay first."""
     gathers = spy(monkeypatch, buffers.ReplayBuffer, "gather")
     with compiled_into_graphs(monkeypatch) as (calls, _ops):
@@ -152,10 +152,10 @@ def test_gather_in_step_hands_the_compiled_step_replay_indices(monkeypatch: pyte
             step = trainer.learner.step
             trainer.learner.step = lambda *batch: arity.append(len(batch)) or step(*batch)
             updates = trainer.iterate().updates
-            compiled = trainer.analytic_step.eager.__name__
+            compiled = trainer.update_path.compiled.eager.__name__
     assert updates > 0 and len(calls) == 1 and not trainer.compile_fallback
-    assert (compiled, set(arity), len(gathers)) == (("analytic_grads_at", {1}, 0) if on
-                                                    else ("analytic_grads", {5}, updates))
+    assert (compiled, set(arity), len(gathers)) == (("grads_at", {1}, 0) if on
+                                                    else ("grads", {5}, updates))
 
 
 @pytest.mark.flag_effect("optimizations.compile_cpp_wrapper")

@@ -496,7 +496,7 @@ FLAGS: tuple[Flag, ...] = (
          "the same gradients by hand: other float op order than autograd's",
          "autograd records the forward and runs its backward.",
          "the gradients of the loss and of every layer computed by hand under no_grad.",
-         _at("nets.mlp:mlp_backward", "ppo.trainer:PPOTrainer._analytic_grads", "value.loop:ValueTrainer.analytic_grads"), "update",
+         _at("nets.mlp:mlp_backward", "ppo.updates:HandWrittenUpdate", "value.updates:HandWrittenUpdate"), "update",
          algos=("ppo", "dqn"), bodies=("mlp",), blockers=_analytic_blockers,
          auto=lambda ctx: (ctx.on_cpu, "per-op overhead dominates small CPU updates; hand-written gradients need no "
                                        "autograd graph" if ctx.on_cpu else "measured on the CPU only; autograd on accelerators"),
@@ -547,7 +547,7 @@ FLAGS: tuple[Flag, ...] = (
          "the same rows gathered inside the step instead of before it",
          "the minibatch gathered from replay, then passed to the compiled step.",
          "the compiled step takes the drawn indices and gathers its minibatch itself: one call per update.",
-         _at("value.loop:ValueTrainer.analytic_grads_at"), "update", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
+         _at("value.updates:CompiledHandWrittenUpdate.grads_at"), "update", algos=("dqn",), devices=("cpu",), bodies=("mlp",),
          blockers=_gather_in_step_blockers, auto=_always("one compiled call per update instead of a gather beside it")),
     Flag(_o("optimizer_impl"), Literal["forloop", "foreach", "fused", "auto"], "forloop", ("foreach", "fused"), "auto",
          FP_REORDER, "multi-tensor and fused kernels reassociate the Adam update",

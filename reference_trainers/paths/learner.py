@@ -37,6 +37,20 @@ A closure that sets the gradients (``sets_grads``) may also clip them itself, in
 compiled step (``Learner.clipped``), and return ``(loss, stats, gradient norm)``."""
 
 
+class UpdatePath:
+    """A trainer's update path as the learner's loss closure (``ppo.updates``, ``value.updates``):
+    called per minibatch as ``LossFn``; ``bind`` once, by the learner being built with it."""
+
+    sets_grads = False                           # the path writes every gradient itself: no backward
+    compiled: CompiledOrEager | None = None      # its compiled step, if any (``compile_fallback``)
+
+    def bind(self, learner: Learner) -> None:
+        """Take what the path needs of its learner (flat gradients, parameter order)."""
+
+    def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+
 class NonFiniteError(RuntimeError):
     """A loss or gradient was NaN/Inf under ``stability.nan_policy: raise``."""
 
@@ -120,6 +134,8 @@ class Learner:
             else self._loss_and_grads)
         self.graphed: CudaGraphedStep | None = None
         self.nonfinite_events = 0
+        if isinstance(loss, UpdatePath):
+            loss.bind(self)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast context for forward passes (a no-op when AMP is off)."""

@@ -3,7 +3,7 @@
 ``analytic_grads`` removes autograd from a small update, but each of its torch ops still
 spends microseconds in dispatch for a few thousand multiply-adds, and torch's CPU tanh kernel
 is several times slower than NumPy's on a minibatch's activations. Here the same forward,
-loss gradients (``ppo.loss.ppo_loss_grads_numpy``; DQN's Huber TD gradient, ``dqn.DQNTrainer._td_gradient``),
+loss gradients (``ppo.loss.ppo_loss_grads_numpy``; DQN's Huber TD gradient, ``value.dqn.DQNTrainer.td_gradient``),
 backward (``nets.mlp.HostMLP``, the NumPy twin of ``mlp_backward``) and gradient clipping run as NumPy calls on zero-copy
 views: the weights (and DQN's target network) are read through views of the parameters, the
 gradients are written into views of the learner's flat gradient buffer, and the optimiser
@@ -87,7 +87,7 @@ class HostPPOStep:
 
 class HostDQNStep:
     """One DQN minibatch's Huber TD loss, the Q-network's gradients and their clipping, in NumPy
-    (``numpy_update``; ``dqn.DQNTrainer.analytic_loss``'s maths). The target network (and, with
+    (``numpy_update``; ``value.updates.HandWrittenUpdate``'s maths). The target network (and, with
     double Q-learning, the online one) evaluates the next observations through views of its
     weights. Returns what ``HostPPOStep`` does; ``priority`` is the per-sample |TD error|."""
 

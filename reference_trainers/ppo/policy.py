@@ -134,10 +134,11 @@ class NumpyPPOActing:
     noise, for all sub-envs at once or per sub-env / chunk of ``chunk`` rows; every output stays
     on the host. Plain: the actor and the critic as two forwards over views of their weights.
     Under ``stacked_mlps``: one side-by-side forward, a snapshot per rollout (contiguous weight
-    copies; wide acting batches split the block-diagonal layers)."""
+    copies; wide acting batches split the block-diagonal layers). ``block_noise``: a rollout's
+    sampling uniforms drawn in one call as it starts (``start_rollout``)."""
 
-    def __init__(self, policy: PPOPolicy, probe: Probe, chunk: int) -> None:
-        self.policy, self.probe, self.chunk = policy, probe, chunk
+    def __init__(self, policy: PPOPolicy, probe: Probe, chunk: int, block_noise: bool = False) -> None:
+        self.policy, self.probe, self.chunk, self.block_noise = policy, probe, chunk, block_noise
         self.forwards: tuple[NumpyMLP, ...] | None = None
         self.split = 0
         self.noise_block: np.ndarray | None = None  # block_noise: the rollout's sampling uniforms
@@ -149,7 +150,9 @@ class NumpyPPOActing:
 
     def start_rollout(self, steps: int) -> None:
         """``block_noise``: every acting draw of a rollout of ``steps`` steps, in one call, in the
-        order its steps take them (on the CPU the same numbers as one call per step)."""
+        order its steps take them (on the CPU the same numbers as one call per step); plain: none."""
+        if not self.block_noise:
+            return
         self.noise_block = torch.rand((steps, self.policy.num_envs), generator=self.policy.generator).numpy()
         self.noise_row = 0
 

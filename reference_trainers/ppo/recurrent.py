@@ -87,7 +87,7 @@ class RecurrentPPOTrainer(PPOTrainer):
 
     def build_policy(self) -> RecurrentPolicy:
         return RecurrentPolicy(self.model, self.forward, self.learner.autocast, self.to_device, self.generator,
-                               self.device, self.num_envs, self.obs_shape, self.stacked_mlps,
+                               self.device, self.num_envs, self.obs_shape, bool(self.config.optimizations.stacked_mlps),
                                episode_over=lambda: self.episode_over)
 
     @property

@@ -61,7 +61,7 @@ class LeanRollout:
         for t in range(steps):
             host[0, t] = ~trainer.episode_over
             obs_t, (action, logprob, value), host_actions = trainer.act(trainer.next_obs)
-            if trainer.numpy_acting:  # a copy: a vector env may hand back the same array each step
+            if trainer.numpy_path is not None:  # a copy: a vector env may hand back the same array each step
                 host_obs[t] = obs_t
             else:
                 trainer.obs_buf[t] = obs_t
@@ -85,7 +85,7 @@ class LeanRollout:
             stores = (trainer.valid_buf, trainer.rewards_buf, trainer.terminated_buf, trainer.truncated_buf)
             for store, rows in zip(stores, scalars):
                 store.copy_(rows)
-            if trainer.numpy_acting:  # the whole rollout's host arrays, one copy each
+            if trainer.numpy_path is not None:  # the whole rollout's host arrays, one copy each
                 trainer.obs_buf.copy_(torch.from_numpy(host_obs))
                 for store, rows in ((trainer.actions_buf, actions), (trainer.logprobs_buf, logprobs),
                                     (trainer.values_buf, values)):

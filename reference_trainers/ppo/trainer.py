@@ -10,8 +10,6 @@ after an episode ends is a reset step, masked out of the loss and advantages.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict
 from typing import Any
 
 import gymnasium as gym
@@ -28,15 +26,15 @@ from reference_trainers.envs.episodes import EpisodeTracker
 from reference_trainers.paths.learner import Learner, apply_process_settings, fell_back, maybe_compile
 from reference_trainers.nets.networks import ActorCritic
 from reference_trainers.paths.acting import choose_acting
-from reference_trainers.paths.numpy_update import HostPPOStep
-from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss, ppo_loss_grads
+from reference_trainers.ppo.loss import PPOLossCoefs, ppo_loss
 from reference_trainers.ppo.policy import NumpyPPOActing, PPOPolicy, action_noise, evaluate_actions, sample_action
 from reference_trainers.ppo.minibatches import choose_gather
 from reference_trainers.ppo.rollout import choose_rollout
+from reference_trainers.ppo.updates import choose_update
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
-from reference_trainers.paths.speedups import CompiledOrEager, HostToDevice, hand_written_step
+from reference_trainers.paths.speedups import HostToDevice
 from reference_trainers.runtime.trainer import IterationResult, train_from_command_line
 from reference_trainers.state.trainer_state import Checkpointable
 
@@ -128,36 +126,25 @@ class PPOTrainer(Checkpointable):
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
                                       uint8=bool(o.uint8_transfer))
         self.prefetcher = Prefetcher(o.num_workers)
-        self.analytic = bool(o.analytic_grads)
-        loss = self._minibatch_analytic if self.analytic else self.minibatch_loss
-        self.learner = Learner(self.model, loss, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
-                               sets_grads=self.analytic)
-        self.forward = maybe_compile(self.learner.train_model, o)
         self.loss_coefs = PPOLossCoefs(c.ppo.clip_coef, c.ppo.clip_vloss, c.ppo.ent_coef, c.ppo.vf_coef, c.ppo.norm_adv)
-        self.loss_grads = functools.partial(ppo_loss_grads, cfg=self.loss_coefs)
-        numpy_update = bool(o.numpy_update)
-        if numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
-            self.learner.loss = HostPPOStep(self.model.actor, self.model.critic, self.learner.flat_grad,
-                                            c.stability.max_grad_norm, **asdict(self.loss_coefs))
-        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it)
-        self.analytic_step: CompiledOrEager | None = None
-        if self.analytic and o.compile_train_step:
-            networks = list(self.model.actor.parameters()) + list(self.model.critic.parameters())
-            self.grad_order = [next(i for i, q in enumerate(networks) if q is p) for p in self.learner.params]
-            self.analytic_step = hand_written_step(self._analytic_grads, cpp_wrapper=bool(o.compile_cpp_wrapper))
         self.aten_tanh_from = mlp.aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
+        # update: autograd, hand-written (eager or compiled whole) or NumPy, chosen once; the learner's loss closure
+        self.update_path = choose_update(self, o)
+        self.learner = Learner(self.model, self.update_path, c, self.device, c.ppo.learning_rate, c.ppo.adam_eps,
+                               sets_grads=self.update_path.sets_grads)
+        self.forward = maybe_compile(self.learner.train_model, o)
         # acting: the policy, and the path that batches it (per sub-env, batched, or NumPy), chosen once
-        self.numpy_acting = bool(o.numpy_acting)
-        self.block_noise = bool(o.block_noise)  # the rollout's sampling uniforms drawn in one call as it starts
-        self.stacked_mlps = bool(o.stacked_mlps)
         self.policy = self.build_policy()
         self.inference_chunk = host.chunk_rows(o.batch_inference, o.inference_batch_size, self.num_envs)
-        self.numpy_path = NumpyPPOActing(self.policy, self.probe, self.inference_chunk) if self.numpy_acting else None
+        self.numpy_path = (NumpyPPOActing(self.policy, self.probe, self.inference_chunk,
+                                          block_noise=bool(o.block_noise))
+                           if o.numpy_acting else None)
         self.act = choose_acting(self.policy, self.num_envs, self.probe, o.batch_inference, o.inference_batch_size,
                                  self.numpy_path)
         self.rollout = choose_rollout(bool(o.lean_rollout))
         self.gae = compute_gae_fused if o.fused_gae else compute_gae
-        self.gather_from = choose_gather(bool(o.packed_gather), numpy_update)  # a minibatch's rows from the batch
+        # a minibatch's rows from the batch (host arrays for the NumPy update)
+        self.gather_from = choose_gather(bool(o.packed_gather), bool(o.numpy_update))
 
         self.tracker = EpisodeTracker(self.num_envs, window=c.run.return_window)
         self.allocate_storage()
@@ -174,7 +161,7 @@ class PPOTrainer(Checkpointable):
     def build_policy(self) -> PPOPolicy:
         """The torch acting policy the acting paths batch (the recurrent trainer carries hidden state)."""
         return PPOPolicy(self.model, self.forward, self.learner.autocast, self.to_device, self.generator, self.device,
-                         self.num_envs, self.obs_shape, self.stacked_mlps)
+                         self.num_envs, self.obs_shape, bool(self.config.optimizations.stacked_mlps))
 
     @property
     def nonfinite_events(self) -> int:
@@ -201,7 +188,7 @@ class PPOTrainer(Checkpointable):
         # lean_rollout: valid, rewards, terminated, truncated staged on the host, copied once per rollout
         self.host_scalars = np.zeros((4, T, N), dtype=np.float32)
         # lean_rollout with numpy_acting: the rollout's observations staged on the host, copied once per rollout
-        staged_obs = self.rollout.stages_observations and self.numpy_acting
+        staged_obs = self.rollout.stages_observations and self.numpy_path is not None
         self.host_obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32) if staged_obs else None
 
     # ----------------------------------------------------------------- acting
@@ -224,7 +211,7 @@ class PPOTrainer(Checkpointable):
     def collect(self) -> tuple[int, int]:
         """Fill the rollout storage; returns (env frames, agent steps)."""
         self._drop_snapshots()  # acting snapshots are taken afresh from the weights this rollout acts with
-        if self.block_noise:  # every acting draw of this rollout, in the order its steps take them
+        if self.numpy_path is not None:  # block_noise: the rollout's acting draws, in the order its steps take them
             self.numpy_path.start_rollout(self.config.ppo.num_steps)
         try:
             return self.rollout.collect(self)
@@ -243,36 +230,6 @@ class PPOTrainer(Checkpointable):
         new_logprob, entropy = evaluate_actions(actor_out, log_std, actions)
         return ppo_loss(new_logprob, entropy, new_value.float(), old_logprob, advantages, returns, old_value,
                         mask, self.loss_coefs)
-
-    def _minibatch_analytic(self, obs: torch.Tensor, actions: torch.Tensor, old_logprob: torch.Tensor,
-                            advantages: torch.Tensor, returns: torch.Tensor, old_value: torch.Tensor,
-                            mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``analytic_grads``: the PPO loss of one minibatch, with every parameter's gradient set by
-        hand (no autograd graph); the learner adds clipping and the step. Under
-        ``compile_train_step`` the whole of it runs compiled (``_analytic_grads``), clipping
-        included, and the gradient norm comes back as a third value."""
-        batch = (obs, actions, old_logprob, advantages, returns, old_value, mask)
-        with torch.no_grad():
-            if self.analytic_step is not None:  # clipped inside the compiled step
-                return self.learner.adopt(*self.analytic_step(*batch))
-            logits, actor_saved = mlp.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
-            value, critic_saved = mlp.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
-            loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *batch[1:])
-            mlp.mlp_backward(actor_saved, grad_logits)
-            mlp.mlp_backward(critic_saved, grad_value.unsqueeze(-1))
-        return loss, stats
-
-    def _analytic_grads(self, obs: torch.Tensor, *rest: torch.Tensor
-                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """``_minibatch_analytic`` as a pure function for ``torch.compile``: (loss, stats, every
-        gradient as one flat vector in the learner's parameter order, clipped, and their norm)."""
-        logits, actor_saved = mlp.mlp_forward(self.model.actor, obs, self.aten_tanh_from)
-        value, critic_saved = mlp.mlp_forward(self.model.critic, obs, self.aten_tanh_from)
-        loss, stats, grad_logits, grad_value = self.loss_grads(logits, value.squeeze(-1), *rest)
-        grads = mlp.mlp_grads(actor_saved, grad_logits) + mlp.mlp_grads(critic_saved, grad_value.unsqueeze(-1))
-        flat = torch.cat([grads[i].reshape(-1) for i in self.grad_order])
-        flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
-        return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
 
     def _set_learning_rate(self) -> None:
         ppo = self.config.ppo
@@ -327,7 +284,7 @@ class PPOTrainer(Checkpointable):
 
     @property
     def compile_fallback(self) -> bool:
-        return fell_back(self.forward, self.learner.loss_and_grads, self.analytic_step)
+        return fell_back(self.forward, self.learner.loss_and_grads, self.update_path.compiled)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()

@@ -17,7 +17,6 @@ from torch import nn
 from reference_trainers.nets import mlp
 from reference_trainers.replay.buffers import Sample
 from reference_trainers.nets.networks import QNetwork
-from reference_trainers.paths.numpy_update import HostDQNStep
 from reference_trainers.runtime.trainer import train_from_command_line
 from reference_trainers.value.loop import ValueTrainer
 
@@ -84,42 +83,13 @@ class DQNTrainer(ValueTrainer):
         loss, td_abs = td_loss(q_taken, targets, weights)
         return loss, {"loss": loss.detach(), "q_values": q_taken.detach().mean(), "priority": td_abs}
 
-
-    def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``analytic_grads``: ``loss`` with the Q-network's gradients set by hand (no autograd graph):
-        the Huber loss's gradient is the TD error clamped to [-1, 1], per sample, over the batch
-        (times the importance weights under PER), at the taken action; ``mlp.mlp_backward``
-        carries it through the MLP. Under ``compile_train_step`` it runs compiled (``analytic_grads``,
-        or ``analytic_grads_at`` from replay indices), clipping included, and the gradient norm
-        comes back as a third value. ``batch``: ``train_batch``'s tensors, or what
-        ``analytic_step`` takes."""
-        with torch.no_grad():
-            if self.analytic_step is not None:  # clipped inside the compiled step
-                return self.learner.adopt(*self.analytic_step(*batch))
-            saved, grad_q, loss, stats = self._td_gradient(*batch)
-            mlp.mlp_backward(saved, grad_q)
-        return loss, stats
-
-    def host_step(self) -> HostDQNStep:
-        """``numpy_update``: ``analytic_loss``'s maths as NumPy calls over views of the online and
-        target networks' weights, writing into the learner's flat gradients."""
-        return HostDQNStep(self.model.net, self.target.net, self.learner.flat_grad, self.config.stability.max_grad_norm,
-                           self.hp.double_q)
-
-    def analytic_grads(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                       bootstrap: torch.Tensor, weights: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, every gradient
-        as one flat vector in the Q-network's parameter order, clipped, and their norm)."""
-        saved, grad_q, loss, stats = self._td_gradient(obs, actions, rewards, next_obs, bootstrap, weights)
-        flat = torch.cat([g.reshape(-1) for g in mlp.mlp_grads(saved, grad_q)])
-        flat, grad_norm, nonfinite = self.learner.clipped(flat, loss)
-        return loss, {**stats, "nonfinite": nonfinite}, flat, grad_norm
-
-    def _td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                     bootstrap: torch.Tensor, weights: torch.Tensor | None = None):  # noqa: ANN202 - a tuple of four
-        """Forward, TD targets, Huber loss and its gradient with respect to the Q-values:
-        (the forward's saved activations, d loss / d Q, loss, stats)."""
+    def td_gradient(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                    bootstrap: torch.Tensor, weights: torch.Tensor | None = None
+                    ) -> tuple[list, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads`` (``value.updates``): forward, TD targets, Huber loss and its gradient
+        with respect to the Q-values, no autograd graph: (the forward's saved activations,
+        d loss / d Q, loss, stats). The Huber loss's gradient is the TD error clamped to [-1, 1],
+        per sample, over the batch (times the importance weights under PER), at the taken action."""
         next_q_target = self.target_forward(next_obs)
         next_q_online = self.forward(next_obs) if self.hp.double_q else None
         targets = dqn_targets(next_q_target, next_q_online, rewards, bootstrap)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,10 +38,11 @@ from reference_trainers.paths.numpy_acting import chunk_rows
 from reference_trainers.paths.prefetch import Prefetcher
 from reference_trainers.runtime.probe import NullProbe, Probe
 from reference_trainers.config.resolve import Resolution, resolve_config
-from reference_trainers.paths.speedups import HostToDevice, hand_written_step
+from reference_trainers.paths.speedups import HostToDevice
 from reference_trainers.runtime.trainer import IterationResult
 from reference_trainers.state.trainer_state import Checkpointable
 from reference_trainers.value.acting import ActingNoise, EpsilonGreedy, HostNoise, NumpyEpsilonGreedy
+from reference_trainers.value.updates import choose_update
 
 __all__ = ["ActingNoise", "HostNoise", "ValueTrainer", "linear_epsilon"]
 
@@ -54,7 +55,8 @@ def linear_epsilon(agent_steps: int, start: float, end: float, steps: int) -> fl
 class ValueTrainer(Checkpointable):
     """Build envs, online and target networks, learner, replay and writer; ``iterate()`` runs
     ``log_interval`` agent steps with their updates. Subclasses define ``algo``,
-    ``build_network``, ``q_values``, ``train_batch`` and ``loss``.
+    ``build_network``, ``q_values``, ``train_batch`` and ``loss`` (DQN also ``td_gradient``, for the
+    hand-written update paths of ``value.updates``).
 
     Under ``distributed.enabled`` each rank keeps its own replay buffer and writer; DDP
     averages the gradients, so the networks stay identical on every rank."""
@@ -85,10 +87,11 @@ class ValueTrainer(Checkpointable):
         self.target = copy.deepcopy(self.model).requires_grad_(False)
 
         # optimisations, each picking one path
-        # analytic_grads: a loss closure that sets the gradients itself (resolve allows it where one exists)
-        loss = self.analytic_loss if o.analytic_grads else self.loss
-        self.learner = Learner(self.model, loss, c, self.device, self.hp.learning_rate, self.hp.adam_eps,
-                               sets_grads=bool(o.analytic_grads))
+        self.aten_tanh_from = aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of the hand-written step
+        # update: autograd, hand-written (eager or compiled whole) or NumPy, chosen once; the learner's loss closure
+        self.update_path = choose_update(self, o)
+        self.learner = Learner(self.model, self.update_path, c, self.device, self.hp.learning_rate, self.hp.adam_eps,
+                               sets_grads=self.update_path.sets_grads)
         self.forward = maybe_compile(self.learner.train_model, o)
         self.target_forward = maybe_compile(self.target, o, "target_model")
         self.to_device = HostToDevice(self.device, pinned=o.pinned_memory, non_blocking=o.non_blocking,
@@ -97,16 +100,6 @@ class ValueTrainer(Checkpointable):
         self.replay = make_replay(o.replay, self.hp.buffer_size, self.obs_dim, self.device, self.to_device,
                                   self.replay_generator, self.hp.prioritized_replay, self.hp.per_alpha, self.hp.per_eps,
                                   frame_shape=self.obs_shape if self.frames else None)
-        # analytic_grads under compile_train_step: the whole hand-written step compiled (no autograd in it);
-        # gather_in_step: it takes the drawn replay indices and gathers its minibatch itself
-        self.gathers_in_step = bool(o.gather_in_step)
-        self.aten_tanh_from = aten_tanh_from(c)  # aten_tanh: ATen's tanh on large activations of that step
-        self.analytic_step = (hand_written_step(self.analytic_grads_at if self.gathers_in_step else self.analytic_grads,
-                                                cpp_wrapper=bool(o.compile_cpp_wrapper))
-                              if o.analytic_grads and o.compile_train_step else None)
-        self.host_minibatches = bool(o.numpy_update)  # gathered as NumPy arrays where the replay is host memory
-        if o.numpy_update:  # the hand-written step in NumPy, writing into the learner's flat gradients
-            self.learner.loss = self.host_step()
         self.writer = make_writer(self.num_envs, self.hp.gamma, self.hp.n_step, self.obs_shape,
                                   np.uint8 if self.frames else np.float32)
         self.prefetcher = Prefetcher(o.num_workers)
@@ -159,27 +152,10 @@ class ValueTrainer(Checkpointable):
     def loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scalar loss and stats; ``stats['priority']`` (per sample) feeds prioritized replay."""
 
-    def analytic_loss(self, *batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``analytic_grads``: ``loss`` with every parameter's gradient set by hand (DQN defines it)."""
+    def td_gradient(self, *batch: torch.Tensor) -> tuple[list, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """``analytic_grads``: forward, loss and the loss's gradient with respect to the network's
+        output, for ``mlp_backward`` (the forward's saved activations, that gradient, loss, stats)."""
         raise NotImplementedError(f"{self.algo} has no hand-written gradients (the registry limits analytic_grads)")
-
-    def analytic_grads(self, *batch: torch.Tensor
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """``analytic_loss`` as a pure function for ``torch.compile``: (loss, stats, flat gradients
-        clipped by ``Learner.clipped``, their norm)."""
-        raise NotImplementedError(f"{self.algo} has no hand-written gradients (the registry limits analytic_grads)")
-
-    def host_step(self) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]]:
-        """``numpy_update``: ``analytic_loss`` as a NumPy step (DQN defines it)."""
-        raise NotImplementedError(f"{self.algo} has no NumPy step (the registry limits numpy_update)")
-
-    def analytic_grads_at(self, indices: torch.Tensor, weights: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """``analytic_grads`` of the minibatch at replay ``indices``, gathered from the tensor
-        replay's rows inside the compiled step (one call per update: no gather, slices and
-        action cast beside it)."""
-        sample = Sample(*self.replay.storage.gather(indices), weights, indices)
-        return self.analytic_grads(*self.train_batch(sample))
 
     # ----------------------------------------------------------------- checkpoints
     def rng_generators(self) -> dict[str, torch.Generator]:
@@ -267,13 +243,13 @@ class ValueTrainer(Checkpointable):
         """``count`` optimiser steps; their minibatches are gathered inline, ahead on the
         prefetcher's threads (``num_workers``) while earlier steps train, or inside the compiled
         step (``gather_in_step``: it takes the drawn indices)."""
-        if self.gathers_in_step:
+        if self.update_path.gathers_in_step:
             for _ in range(count):
                 with self.probe.phase("transfer"):
                     indices, weights = self.replay.draw(self.hp.batch_size, self._beta())
                 self._learn((indices,) if weights is None else (indices, weights), indices)
             return
-        gather = self.replay.host_gather if self.host_minibatches else self.replay.gather
+        gather = self.replay.host_gather if self.update_path.host_minibatches else self.replay.gather
         samples = self.prefetcher.map(lambda drawn: gather(*drawn), self._draws(count))
         while True:
             with self.probe.phase("transfer"):
@@ -332,7 +308,7 @@ class ValueTrainer(Checkpointable):
 
     @property
     def compile_fallback(self) -> bool:
-        return fell_back(self.forward, self.target_forward, self.learner.loss_and_grads, self.analytic_step)
+        return fell_back(self.forward, self.target_forward, self.learner.loss_and_grads, self.update_path.compiled)
 
     def mean_recent_return(self) -> float | None:
         return self.tracker.mean_recent()
