@@ -270,6 +270,7 @@ def interrupt_when_ready():
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGINT)
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # live even where the caller ignores SIGINT (a `&` job)
 threading.Thread(target=interrupt_when_ready, daemon=True).start()
 jobs = [Job("first", fill, ([],), keeps=0), Job("second", fill, ([],), keeps=0)]
 gathered = LocalExecutor(fresh_processes=True).run(jobs)

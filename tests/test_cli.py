@@ -23,6 +23,7 @@ import torch
 import yaml
 
 import reference_trainers.ppo.trainer as ppo_module
+import reference_trainers.ppo.updates as ppo_updates
 from conftest import TINY
 from precision_state import float32_matmul_precision
 from harness.measurement import machine_state
@@ -380,14 +381,14 @@ def _nan_loss(monkeypatch: pytest.MonkeyPatch, poisoned: Any = lambda: True) -> 
         return (loss * float("nan"), stats) if poisoned() else (loss, stats)
 
     monkeypatch.setattr(ppo_module, "ppo_loss", nan_loss)
-    original_grads = ppo_module.ppo_loss_grads
+    original_grads = ppo_updates.ppo_loss_grads
 
     def nan_loss_grads(*args: Any, **kwargs: Any) -> Any:  # the analytic_grads path's loss
         loss, stats, grad_logits, grad_values = original_grads(*args, **kwargs)
         nan = float("nan") if poisoned() else 1.0
         return loss * nan, stats, grad_logits * nan, grad_values * nan
 
-    monkeypatch.setattr(ppo_module, "ppo_loss_grads", nan_loss_grads)
+    monkeypatch.setattr(ppo_updates, "ppo_loss_grads", nan_loss_grads)
     original_host = numpy_update.ppo_loss_grads
 
     def nan_host_loss_grads(*args: Any, **kwargs: Any) -> Any:  # the numpy_update path's loss
