@@ -14,6 +14,7 @@ Under ``distributed.enabled`` the model is wrapped in DistributedDataParallel he
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 from typing import Any, Callable
@@ -37,18 +38,22 @@ A closure that sets the gradients (``sets_grads``) may also clip them itself, in
 compiled step (``Learner.clipped``), and return ``(loss, stats, gradient norm)``."""
 
 
-class UpdatePath:
+class UpdatePath(abc.ABC):
     """A trainer's update path as the learner's loss closure (``ppo.updates``, ``value.updates``):
     called per minibatch as ``LossFn``; ``bind`` once, by the learner being built with it."""
 
     sets_grads = False                           # the path writes every gradient itself: no backward
     compiled: CompiledOrEager | None = None      # its compiled step, if any (``compile_fallback``)
 
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer                   # the trainer whose model, loss and settings the path reads
+
     def bind(self, learner: Learner) -> None:
         """Take what the path needs of its learner (flat gradients, parameter order)."""
 
+    @abc.abstractmethod
     def __call__(self, *batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
+        """One minibatch: (loss, stats) or, clipped by the path itself, (loss, stats, gradient norm)."""
 
 
 class NonFiniteError(RuntimeError):

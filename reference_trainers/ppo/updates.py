@@ -40,8 +40,7 @@ Batch = tuple[torch.Tensor, ...]
 class PPOUpdatePath(UpdatePath):
     """An update path of a PPO trainer."""
 
-    def __init__(self, trainer: PPOTrainer) -> None:
-        self.trainer = trainer
+    trainer: PPOTrainer
 
 
 class AutogradUpdate(PPOUpdatePath):

@@ -43,9 +43,7 @@ class ValueUpdatePath(UpdatePath):
 
     gathers_in_step = False    # it takes drawn replay indices and gathers the minibatch itself
     host_minibatches = False   # its minibatches are gathered as NumPy arrays (where replay is host memory)
-
-    def __init__(self, trainer: ValueTrainer) -> None:
-        self.trainer = trainer
+    trainer: ValueTrainer
 
 
 class AutogradUpdate(ValueUpdatePath):
