@@ -200,6 +200,34 @@ def test_run_quiet_prints_no_optimisation_summary(capsys: pytest.CaptureFixture[
     assert "env_steps_per_sec" in stdout  # the table still comes
 
 
+def test_two_quiet_runs_in_one_folder_keep_their_own_trainer_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ``--quiet`` runs without ``--out`` side by side in one folder (two pytest workers, two
+    terminals): one that printed nothing ends first and must not remove the other's file, and each
+    counts only its own lines."""
+    import argparse
+
+    from harness.cli.app import _trainer_stdout
+
+    monkeypatch.chdir(tmp_path)
+    quiet = argparse.Namespace(quiet=True, out=None)
+    with _trainer_stdout(quiet) as talking:
+        print("talking run, line 1")
+        with _trainer_stdout(quiet) as silent:
+            pass
+        print("talking run, line 2")
+    assert (talking.lines, silent.lines) == (2, 0)
+    assert talking.path == Path("rlgauge-stdout.txt")
+    assert Path("rlgauge-stdout.txt").read_text(encoding="utf-8") == "talking run, line 1\ntalking run, line 2\n"
+    with _trainer_stdout(quiet) as first:
+        print("first")
+        with _trainer_stdout(quiet) as second:
+            print("second, 1\nsecond, 2")
+    assert (first.lines, second.lines) == (1, 2)
+    assert Path("rlgauge-stdout.txt").read_text(encoding="utf-8") == "first\n"  # the run that ended last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rlgauge-stdout.txt"]  # no part file left
+
+
 def test_run_plain_config_file_is_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "mine.yaml"
     config.write_text(yaml.safe_dump({"env": {"id": "CartPole-v1"}}), encoding="utf-8")

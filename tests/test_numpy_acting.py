@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
-from hypothesis import given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from value_trainers import assert_params_close, make, train
 
@@ -150,6 +150,7 @@ def test_relu_in_place_is_numpys_maximum_with_zero(shape: tuple[int, ...]) -> No
 
 @settings(max_examples=25, deadline=None)
 @given(actions=st.sampled_from([2, 3, 9, 16, 17, 24]), rows=st.integers(1, 16), seed=st.integers(0, 2**16))
+@example(actions=17, rows=1, seed=7071)  # its one row's draw lies within 1e-5 of a running sum
 def test_numpy_categorical_sampling_matches_the_torch_sampling(actions: int, rows: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     logits = 3 * torch.randn(rows, actions, generator=generator)
@@ -158,7 +159,7 @@ def test_numpy_categorical_sampling_matches_the_torch_sampling(actions: int, row
     host_action, host_logprob = sample_categorical(logits.numpy(), noise.numpy())
     cumulative = torch.softmax(logits, -1).cumsum(-1)
     clear = ((cumulative - noise.unsqueeze(-1)).abs() > 1e-5).all(-1)  # rows not on a rounding boundary
-    assert clear.any()
+    assume(clear.any())  # every row's draw within 1e-5 of a running sum: rounding may pick either side
     np.testing.assert_array_equal(host_action[clear.numpy()], action[clear].numpy())
     assert host_logprob.dtype == np.float32
     np.testing.assert_allclose(host_logprob[clear.numpy()], logprob[clear].numpy(), **FP_REORDER)

@@ -67,10 +67,12 @@ def test_interrupted_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted
             "--repeats", "2", "--quiet",
             "--checkpoint-every", "64"]
 
-    assert run(capsys, *args, "--checkpoint-dir", str(tmp_path / "straight"))[0] == 0
+    code, err = run(capsys, *args, "--checkpoint-dir", str(tmp_path / "straight"))
+    assert code == 0, err
     with monkeypatch.context() as patch:
         interrupt_after(patch, trainer_cls, calls=8)
-        assert run(capsys, *args, "--checkpoint-dir", str(tmp_path / "cut"))[0] == 130
+        code, err = run(capsys, *args, "--checkpoint-dir", str(tmp_path / "cut"))
+        assert code == 130, err
     partial = torch.load(tmp_path / "cut" / CHECKPOINT.replace("ppo-cartpole", preset), weights_only=True)
     assert partial["finished"] is False
     code, err = run(capsys, *args, "--checkpoint-dir", str(tmp_path / "cut"), "--resume", str(tmp_path / "cut"),

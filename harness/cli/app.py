@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, NoReturn
@@ -154,21 +155,30 @@ class _Captured:
 @contextlib.contextmanager
 def _trainer_stdout(args: argparse.Namespace | None) -> Iterator[_Captured]:
     """Under ``--quiet``, the trainer's own stdout goes to ``OUT.stdout.txt`` (without ``--out``:
-    ``rlgauge-stdout.txt`` in the current folder); the file is removed when nothing was printed."""
+    ``rlgauge-stdout.txt`` in the current folder), kept only when something was printed.
+
+    The run writes a file of its own beside that name and renames it there at the end, so two
+    quiet runs in one folder never write into, or remove, each other's file (the later one's
+    output then holds the name)."""
     if args is None or not getattr(args, "quiet", False):
         yield _Captured(None)
         return
     out = getattr(args, "out", None)
     captured = _Captured(Path(f"{out}.stdout.txt") if out is not None else Path("rlgauge-stdout.txt"))
     captured.path.parent.mkdir(parents=True, exist_ok=True)  # as writing --out does
-    with open(captured.path, "w", encoding="utf-8") as handle, contextlib.redirect_stdout(handle):
-        try:
+    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=captured.path.parent, delete=False,
+                                         prefix=f".{captured.path.name}.", suffix=".part")
+    own = Path(handle.name)
+    try:
+        with handle, contextlib.redirect_stdout(handle):
             yield captured
-        finally:
-            handle.flush()
-    captured.lines = len(captured.path.read_text(encoding="utf-8").splitlines())
-    if not captured.lines:
-        captured.path.unlink(missing_ok=True)
+    finally:  # an interrupted run keeps what its trainer printed too
+        with open(own, encoding="utf-8") as written:
+            captured.lines = sum(1 for _ in written)
+        if captured.lines:
+            os.replace(own, captured.path)
+        else:
+            own.unlink(missing_ok=True)
 
 
 def _measure(specs: list, args: argparse.Namespace, checkpointing: Checkpointing | None = None) -> tuple[list, bool]:
