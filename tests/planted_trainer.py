@@ -2,8 +2,14 @@
 
 ``float64_rewards``: ``torch.tensor(reward)`` of gymnasium's float64 rewards (a float64 op);
 ``item_per_env``: an ``.item()`` per env per step (a host sync per env step);
-``per_env_forward``: one policy forward per env instead of one per vector step.
+``per_env_forward``: one policy forward per env instead of one per vector step;
+``per_env_acting``: actions chosen env by env: a forward of each env's 1-D observation and an
+``.item()`` of its argmax.
 With every switch off it is the clean trainer: none of those findings.
+
+``make_dqn_like``: a DQN-style generator that yields every env step and updates every
+``train_frequency``-th, acting without ``no_grad`` (a graph nobody uses) and taking its target
+network's forward under ``no_grad`` inside the update.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-PLANTED = ("float64_rewards", "item_per_env", "per_env_forward")
+PLANTED = ("float64_rewards", "item_per_env", "per_env_forward", "per_env_acting")
 
 
 class Planted:
@@ -31,6 +37,13 @@ class Planted:
         self.total_reward = 0.0
 
     def _act(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.plant["per_env_acting"]:
+            with torch.no_grad():
+                chosen = []
+                for i in range(self.num_envs):
+                    logits_i = self.policy(obs[i])  # per-env forward of a 1-D observation
+                    chosen.append(int(torch.argmax(logits_i).item()))  # per-env action sync
+            return torch.tensor(chosen)
         with torch.no_grad():
             if self.plant["per_env_forward"]:
                 logits = torch.cat([self.policy(obs[i:i + 1]) for i in range(self.num_envs)])
@@ -68,6 +81,40 @@ class Planted:
 
 def make_trainer(config: dict, *, device: str, seed: int) -> Planted:
     return Planted(config, device, seed)
+
+
+def make_dqn_like(config: dict | None = None, *, device: str | None = None, seed: int | None = None):
+    """A generator trainer: one env step per ``next()``, an update every ``train_frequency``-th."""
+    config = config or {}
+    train_frequency = config.get("train_frequency", 10)
+    torch.manual_seed(seed or 0)
+    env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    q_network = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+    target_network = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=1e-3)
+    obs, _ = env.reset(seed=seed)
+    memory: list[tuple[np.ndarray, int, float, np.ndarray]] = []
+    step = 0
+    while True:
+        q_values = q_network(torch.tensor(obs, dtype=torch.float32))  # acting without no_grad
+        actions = torch.argmax(q_values, dim=1).cpu().numpy()
+        next_obs, reward, _, _, _ = env.step(actions)
+        memory.append((obs[0], int(actions[0]), float(reward[0]), next_obs[0]))
+        obs = next_obs
+        step += 1
+        if step % train_frequency == 0:
+            batch = memory[-32:]
+            o = torch.tensor(np.stack([b[0] for b in batch]), dtype=torch.float32)
+            a = torch.tensor([b[1] for b in batch])
+            r = torch.tensor([b[2] for b in batch], dtype=torch.float32)
+            o2 = torch.tensor(np.stack([b[3] for b in batch]), dtype=torch.float32)
+            with torch.no_grad():
+                target = r + 0.99 * target_network(o2).max(dim=1).values  # target forward: the update's
+            loss = ((q_network(o).gather(1, a[:, None]).squeeze(1) - target) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        yield 1
 
 
 def planted_line(text: str) -> int:

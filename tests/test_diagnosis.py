@@ -148,6 +148,7 @@ def test_outermost_phase_wins_and_hooks_are_removed_after() -> None:
         clock.enabled = True
         with torch.no_grad():
             outer(torch.ones(1, 2))
+        _InstantEnv().step(0)
         loss = outer(torch.ones(1, 2)).sum()
         loss.backward()
     assert counters.forwards == {"inference": 1, "update": 1}  # the nested Linear is not counted
@@ -207,9 +208,9 @@ def test_host_syncs_are_counted_by_kind_at_the_users_line() -> None:
         t.numpy()
         if t.sum() > 0:
             t[t > 1].nonzero()
-    kinds = {kind for kind, where in finder.sites if where.startswith(__file__ + ":")}
+    kinds = {kind for kind, where, _ in finder.sites if where.startswith(__file__ + ":")}
     assert kinds == {ITEM, HOST_COPY, BRANCH, DATA_SHAPE}
-    assert t.cpu() is t and not [k for k, _ in finder.sites if k == '.to("cpu")']  # free on the CPU: not counted
+    assert t.cpu() is t and not [k for k, _, _ in finder.sites if k == '.to("cpu")']  # free on the CPU: not counted
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's sync debug mode needs a CUDA device")
@@ -223,7 +224,7 @@ def test_cuda_sync_debug_mode_reports_syncs_at_the_users_line() -> None:
     before = torch.cuda.get_sync_debug_mode()
     with cuda_sync_warnings(torch.device("cuda"), SiteFinder(), sites):
         torch.ones(3, device="cuda").sum().item()
-    assert [where for kind, where in sites if kind == CUDA_SYNC][0].startswith(__file__ + ":")
+    assert [where for kind, where, _ in sites if kind == CUDA_SYNC][0].startswith(__file__ + ":")
     assert torch.cuda.get_sync_debug_mode() == before
 
 
@@ -241,3 +242,114 @@ def test_a_recommendations_effect_is_a_measured_figure_for_this_kind_of_device_o
     assert effect_of("batch_inference", "cuda:0", figures).startswith("no figure")
     assert effect_of("optimizer_impl", "cpu", figures).startswith("no figure")
     assert effect_of(None, "cpu", figures).startswith("no speed figure")
+
+
+def _line(text: str) -> int:
+    """The line of this file holding ``text`` (after this function)."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line and "_line(" not in line)
+
+
+def test_a_forwards_role_is_what_follows_it_acting_before_an_env_step_update_before_a_backward() -> None:
+    """An acting forward that builds a graph is acting (and a finding at its line); a target network's
+    forward under no_grad inside the update is the update's."""
+    clock, counters, env = PhaseClock(), LoopCounters(), _InstantEnv()
+    q_net, target_net = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(q_net.parameters(), lr=0.1)
+    from harness.diagnosis.frames import SiteFinder
+
+    with hooks(clock, counters, SiteFinder()):
+        clock.enabled = True
+        clock.start_window()
+        for _ in range(3):
+            q_net(torch.ones(1, 2)).argmax()  # acting forward without no_grad
+            env.step(0)
+        with torch.no_grad():
+            target = target_net(torch.ones(4, 2)).max(dim=1).values  # the update's target forward
+        loss = ((q_net(torch.ones(4, 2)).max(dim=1).values - target) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        clock.end_window()
+        counters.resolve(None)
+    assert counters.forwards == {"inference": 3, "update": 2}
+    assert counters.graph_acting == {f"{__file__}:{_line('acting forward without no_grad')}": 3}
+
+
+def test_a_one_dimensional_input_is_one_row() -> None:
+    clock, counters, env = PhaseClock(), LoopCounters(), _InstantEnv()
+    net = torch.nn.Linear(4, 2)
+    with hooks(clock, counters):
+        clock.enabled = True
+        with torch.no_grad():
+            net(torch.ones(4))
+            net(torch.ones(3, 4))
+        env.step(0)
+    assert counters.forwards["inference"] == 2 and counters.inference_rows == 1 + 3
+
+
+def test_each_sync_is_attributed_to_its_cause() -> None:
+    """The for-loop Adam's step counters, a distribution's argument checks, an action taken env by env, the one
+    action copy a step needs, and logging: each its own cause."""
+    from harness.diagnosis import host_syncs as hs
+    from harness.diagnosis.frames import SiteFinder
+
+    clock, counters, env = PhaseClock(), LoopCounters(), _InstantEnv()
+    net = torch.nn.Linear(2, 2)
+    adam = torch.optim.Adam(net.parameters(), foreach=False)
+    finder = hs.HostSyncFinder(torch.device("cpu"), SiteFinder(), counters)
+    with hooks(clock, counters), finder:
+        clock.enabled = True
+        clock.start_window()
+        for _ in range(2):
+            with torch.no_grad():
+                logits = torch.stack([net(torch.ones(2)) for _ in range(4)])
+            torch.distributions.Categorical(logits=logits)
+            actions = [int(row.argmax().item()) for row in logits]  # per-env acting
+            env.step(actions[0])
+            net(torch.ones(1, 2)).sum().backward()
+            adam.step()
+            logits.mean().item()  # logging
+        clock.end_window()
+        counters.resolve(None)
+    rows = hs.per_env_step(finder.sites, 8, counters.acting_syncs, envs_per_step=4.0)
+    here = [r for r in rows if r["where"].startswith(__file__)]
+    cause = {r["where"].rsplit(":", 1)[1]: r["cause"] for r in here}
+    assert cause[str(_line("adam.step()"))] == hs.OPTIMIZER
+    assert cause[str(_line("torch.distributions.Categorical(logits=logits)"))] == hs.DISTRIBUTION_CHECKS
+    assert cause[str(_line("# per-env acting"))] == hs.PER_ENV_ACTING
+    assert cause[str(_line("# logging"))] == hs.LOGGING
+    assert hs.cause_of(hs.HOST_COPY, None, 1.0, 1.0) == hs.ACTION_COPY  # one copy per vector step: the minimum
+
+
+def test_a_per_env_acting_loop_gets_batched_acting_advice_at_its_lines(
+        planted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planted_trainer import planted_line
+
+    planted.write_text(PLANTED_YAML.replace("optimized: {}", "optimized: {}\n  per_env: {per_env_acting: true}"))
+    code, d = _diagnose(capsys, str(planted), "--variant", "per_env")
+    assert code == 0
+    forward = planted_line("logits_i = self.policy(obs[i])")
+    item = planted_line("chosen.append(int(torch.argmax(logits_i).item()))")
+    assert d["rows_per_inference_forward"] == pytest.approx(1.0)  # a 1-D observation is one row
+    advice = next(r for r in d["recommendations"] if r["rule"] == "per_env_inference")
+    assert f"planted_trainer.py:{forward}" in advice["evidence"] and f"planted_trainer.py:{item}" in advice["evidence"]
+    assert "item_per_step" not in {r["rule"] for r in d["recommendations"]}  # the action syncs are not logging
+
+
+def test_a_generator_that_updates_every_tenth_step_is_diagnosed_over_whole_updates(
+        planted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planted_trainer import planted_line
+
+    code, d = _diagnose(capsys, "--trainer", "planted_trainer:make_dqn_like", "--steps", "200",
+                        "--set", "run.warmup_steps=60")
+    assert code == 0
+    loop = d["loop"]
+    assert loop["calls_per_block"] == 10 and loop["optimizer_steps_per_env_step"] == pytest.approx(0.1)
+    assert loop["update_forwards_per_env_step"] == pytest.approx(0.2)  # the q forward and the target's
+    assert d["forwards_per_env_step"] == pytest.approx(1.0) and not d["warnings"]
+    rules = {r["rule"]: r for r in d["recommendations"]}
+    acting = planted_line("q_values = q_network(torch.tensor(obs, dtype=torch.float32))")
+    assert f"planted_trainer.py:{acting}" in rules["acting_builds_graph"]["evidence"]
+    assert not {"host_copies", "per_env_inference"} & set(rules)  # one env: one copy per step is the minimum
+    assert "forloop_optimizer" in rules and "step counters" in rules["forloop_optimizer"]["evidence"]

@@ -4,10 +4,14 @@ One code path for both kinds of arm. The trainer is built as ``rlgauge run`` bui
 driven through ``iterate()`` in three passes, none of them a timed figure of ``run``/``gate``:
 
 1. warm-up (``run.warmup_steps``, at least one call), untimed;
-2. plain and hooked, call by call in turn: ``run.steps`` env steps with no hooks (the
+2. plain and hooked, block by block in turn: ``run.steps`` env steps with no hooks (the
    overhead's reference) and ``run.steps`` with the phase hooks (``harness.diagnosis.phases``)
-   and the probe on, for the split found without instrumentation beside the probe's;
-3. audit: one call under the host-sync, float64 and kernel-counting modes (slow; counts only).
+   and the probe on, for the split found without instrumentation beside the probe's. A block is
+   one call, or, for a trainer whose calls take fewer optimizer steps than one each (a generator
+   that yields every env step and updates every 10th), as many calls as one update takes, so
+   both arms hold whole updates;
+3. audit: whole blocks (at least ``AUDIT_ENV_STEPS`` env steps) under the host-sync, float64 and kernel-counting modes, with the phase hooks
+   beside them to tell acting syncs from the rest (slow; counts only).
 
 A trainer that raises in a pass stops the diagnosis there: what was found up to then is
 reported with the error (``DiagnosisFailed``).
@@ -15,11 +19,13 @@ reported with the error (``DiagnosisFailed``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch.optim import optimizer as optim_module
 
 from reference_trainers import build_trainer
 from reference_trainers.config.errors import ConfigError
@@ -44,6 +50,10 @@ from harness.specs.own_trainer import OwnConfig, TrainerExhausted
 from harness.specs.presets import VariantSpec
 
 
+AUDIT_ENV_STEPS = 512
+"""The audit's env steps at least: a sync every 100th step (periodic logging) is seen at its rate."""
+
+
 class DiagnosisFailed(Exception):
     """The trainer raised during the diagnosis; ``partial`` holds what was found up to then."""
 
@@ -59,6 +69,29 @@ class _Pass:
     env_steps: int = 0
     calls: int = 0
     seconds: float = 0.0
+    optimizer_steps: int = 0
+
+
+@contextlib.contextmanager
+def _optimizer_steps(into: _Pass) -> Iterator[None]:
+    """Optimizer steps taken meanwhile counted into ``into`` (torch's global step hook: cheap)."""
+
+    def count(*_: Any) -> None:
+        into.optimizer_steps += 1
+
+    handle = optim_module.register_optimizer_step_post_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def calls_per_update(stepping_calls: list[int]) -> int:
+    """The calls a block takes so that each holds whole updates: the median distance between the warm-up's calls
+    that stepped an optimizer (a generator yielding every env step, updating every 10th: 10); 1 where fewer than
+    two calls stepped one."""
+    gaps = sorted(b - a for a, b in zip(stepping_calls, stepping_calls[1:]))
+    return max(1, gaps[len(gaps) // 2]) if gaps else 1
 
 
 @dataclass
@@ -77,44 +110,62 @@ class _State:
     threads: int = 0
     ran_out: bool = False
     finder: SiteFinder | None = None
+    block: int = 1
+    """``iterate()`` calls per block (``calls_per_update``)."""
+    audit_counters: LoopCounters = field(default_factory=LoopCounters)
 
 
-def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None) -> bool:
+def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None, counters: LoopCounters | None = None) -> bool:
     """One ``iterate()`` call counted into ``into``; False when a generator trainer ran out."""
     if clock is not None:
         clock.start_window()
     start = time.perf_counter()
     try:
-        done = trainer.iterate()
+        with _optimizer_steps(into):
+            done = trainer.iterate()
     except (StopIteration, TrainerExhausted):
         return False
     finally:
         if clock is not None:
             clock.end_window()
+        if counters is not None:
+            counters.resolve(None)
     into.seconds += time.perf_counter() - start
     into.env_steps += done.env_steps
     into.calls += 1
     return True
 
 
-def _run_pass(trainer: Any, into: _Pass, steps: int, state: _State) -> None:
+def _warm_up(trainer: Any, into: _Pass, steps: int, state: _State) -> list[int]:
+    """The warm-up; returns the indices of its calls that stepped an optimizer."""
+    stepping = []
     while into.env_steps < steps or into.calls == 0:
+        before = into.optimizer_steps
         if not _iterate(trainer, into):
             state.ran_out = True
-            return
+            break
+        if into.optimizer_steps > before:
+            stepping.append(into.calls)
+    return stepping
 
 
 def _plain_and_hooked(trainer: Any, steps: int, state: _State) -> None:
-    """``steps`` env steps without hooks and ``steps`` with them, call by call in turn (a busy
+    """``steps`` env steps without hooks and ``steps`` with them, block by block in turn (a busy
     machine slows both alike, so their ratio is the hooks' overhead)."""
     while (state.plain.env_steps < steps or state.hooked.env_steps < steps) and not state.ran_out:
         if state.plain.env_steps <= state.hooked.env_steps:
-            state.ran_out = not _iterate(trainer, state.plain)
+            for _ in range(state.block):
+                state.ran_out = not _iterate(trainer, state.plain)
+                if state.ran_out:
+                    break
             continue
         with hooks(state.clock, state.counters, state.finder):
             state.clock.enabled = state.probe.enabled = True
             try:
-                state.ran_out = not _iterate(trainer, state.hooked, state.clock)
+                for _ in range(state.block):
+                    state.ran_out = not _iterate(trainer, state.hooked, state.clock, state.counters)
+                    if state.ran_out:
+                        break
             finally:
                 state.clock.enabled = state.probe.enabled = False
 
@@ -123,7 +174,7 @@ def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> 
     run = resolution.config.run
     warm = _Pass()
     trainer.activate()
-    _run_pass(trainer, warm, run.warmup_steps, state)
+    state.block = calls_per_update(_warm_up(trainer, warm, run.warmup_steps, state))
     if state.ran_out:
         return
     state.compile_before = compile_counters()
@@ -134,14 +185,21 @@ def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> 
     state.compile_after = compile_counters()
     if state.ran_out and not state.hooked.calls:
         return
-    finder = state.finder
-    state.syncs = HostSyncFinder(resolution.device, finder)
+    finder, audit_clock, audit_counters = state.finder, PhaseClock(), state.audit_counters
+    state.syncs = HostSyncFinder(resolution.device, finder, audit_counters)
     state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
     # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
     with torch.compiler.set_stance("force_eager"), cuda_sync_warnings(resolution.device, finder, state.syncs.sites):
-        with state.syncs, state.wide, state.kernels:
-            if not _iterate(trainer, state.audit):
-                state.ran_out = True
+        with hooks(audit_clock, audit_counters, None), state.syncs, state.wide, state.kernels:
+            audit_clock.enabled = True
+            try:
+                while not state.ran_out and (state.audit.env_steps < AUDIT_ENV_STEPS or not state.audit.calls):
+                    for _ in range(state.block):
+                        if not _iterate(trainer, state.audit, audit_clock, audit_counters):
+                            state.ran_out = True
+                            break
+            finally:
+                audit_clock.enabled = False
 
 
 def _percent(seconds: dict[str, float], total: float) -> dict[str, float]:
@@ -168,17 +226,24 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
     hooked_rate = hooked.env_steps / hooked.seconds if hooked.seconds else None
     audit_rate = audit.env_steps / audit.seconds if audit.seconds else None
     wide = state.wide
+    envs_per_step = _envs_per_step(spec, state)
     d: dict[str, Any] = {
         "kind": "trainer" if own else "preset", "target": target, "preset": spec.preset, "variant": spec.variant,
         "trainer": spec.config.trainer if own else spec.config.algo, "device": str(resolution.device),
         "env_steps": {"plain": state.plain.env_steps, "hooked": hooked.env_steps, "audit": audit.env_steps},
         "phases": phases, "probe_phases": probe,
-        "host_syncs": per_env_step(state.syncs.sites, audit.env_steps) if state.syncs else [],
+        "host_syncs": per_env_step(state.syncs.sites, audit.env_steps, state.audit_counters.acting_syncs,
+                                   envs_per_step) if state.syncs else [],
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
         "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),
         "inference_forward_sites": [where for where, _ in counters.inference_sites.most_common(3)],
+        "graph_building_acting": [{"where": where, "per_env_step": count / steps}
+                                  for where, count in counters.graph_acting.most_common()],
         "loop": {
+            "envs_per_step": envs_per_step,
+            "calls_per_block": state.block,
+            "plain_optimizer_steps_per_env_step": state.plain.optimizer_steps / max(1, state.plain.env_steps),
             "update_forwards_per_env_step": counters.forwards["update"] / steps,
             "optimizer_steps_per_env_step": counters.optimizer_steps / steps,
             "kernels_per_env_step": (state.kernels.kernels / max(1, audit.env_steps)) if state.kernels else 0.0,
@@ -194,10 +259,31 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
                      "hooks_pct": 100.0 * (plain_rate / hooked_rate - 1.0) if plain_rate and hooked_rate else None},
         "ran_out": state.ran_out,
     }
+    d["warnings"] = _warnings(d)
     d["recommendations"] = recommend(d, target)
     if not own:
         d["flag_advice"] = _flag_advice(resolution, d, plain_rate)
     return d
+
+
+def _envs_per_step(spec: VariantSpec, state: _State) -> float:
+    """Envs stepped per vector step: the config's ``num_envs`` or, where larger, the env steps per outermost
+    env ``step`` call seen in the audit (a loop over single envs counts as one env each)."""
+    configured = float(spec.config.env.num_envs) if getattr(spec.config, "env", None) else 1.0
+    calls = state.audit_counters.env_step_calls
+    measured = state.audit.env_steps / calls if calls else 1.0
+    return max(configured, measured, 1.0)
+
+
+def _warnings(d: dict[str, Any]) -> list[str]:
+    """What makes a figure of this diagnosis unreliable, each with its fix."""
+    loop, found = d["loop"], []
+    plain, hooked = loop["plain_optimizer_steps_per_env_step"], loop["optimizer_steps_per_env_step"]
+    if max(plain, hooked) > 0 and abs(plain - hooked) > 0.2 * max(plain, hooked):
+        found.append(f"the calls with hooks took {hooked:.3g} optimizer steps per env step and those without "
+                     f"{plain:.3g}: the phase split and the hooks' overhead are not over whole updates; make each "
+                     "iterate() hold whole updates (yield after the optimizer step) or raise --steps")
+    return found
 
 
 def _flag_advice(resolution: Any, d: dict[str, Any], rate: float | None) -> list[dict[str, str]]:

@@ -20,6 +20,9 @@ except ImportError:  # pragma: no cover - gymnasium is a dependency
 _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REFERENCE = os.path.join(os.path.dirname(_HARNESS), "reference_trainers")
 LIBRARY_DIRS: tuple[str, ...] = tuple(_LIBRARIES)
+_TORCH = os.path.dirname(torch.__file__)
+_VIA_DIRS = (os.path.join(_TORCH, "optim") + os.sep, os.path.join(_TORCH, "distributions") + os.sep)
+_VIA = ("torch.optim", "torch.distributions")
 RLGAUGE_DIRS: tuple[str, ...] = (_HARNESS, _REFERENCE)
 
 
@@ -40,6 +43,19 @@ class SiteFinder:
         if hit is None:
             hit = self._cache[filename] = filename.startswith(self._skipped) or filename.startswith("<")
         return hit
+
+    def where_via(self, depth: int = 1) -> tuple[str, str | None]:
+        """``where`` and the library the call came through on its way from there: ``torch.optim`` (an
+        optimizer's own step), ``torch.distributions`` (a distribution's argument checks) or None."""
+        frame, via = sys._getframe(depth), None
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not self._skip(filename):
+                return f"{filename}:{frame.f_lineno}", via
+            if via is None and filename.startswith(_VIA_DIRS):
+                via = _VIA[filename.startswith(_VIA_DIRS[1])]
+            frame = frame.f_back
+        return "?", via
 
     def where(self, depth: int = 1) -> str:
         """``file:line`` of the innermost frame in user code above the caller, or ``?`` where none is."""

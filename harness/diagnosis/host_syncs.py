@@ -57,12 +57,20 @@ def _to_cpu(args: tuple, kwargs: dict) -> bool:
 class HostSyncFinder(TorchFunctionMode):
     """Count host synchronisations by (kind, where) while active."""
 
-    def __init__(self, device: torch.device, finder: SiteFinder) -> None:
+    def __init__(self, device: torch.device, finder: SiteFinder, counters: Any = None) -> None:
         super().__init__()
         self.on_cpu = device.type == "cpu"
         self.finder = finder
-        self.sites: Counter[tuple[str, str]] = Counter()
+        self.counters = counters
+        """The phase hooks' ``LoopCounters`` where they run beside: each sync's key goes to ``sync_seen`` (acting or not)."""
+        self.sites: Counter[tuple[str, str, str | None]] = Counter()
+        """Syncs by ``(kind, where, via)``: ``via`` the library the call came through (``frames.where_via``)."""
         self._inside = 0
+
+    @property
+    def count(self) -> int:
+        """Every sync counted."""
+        return sum(self.sites.values())
 
     def _kind(self, func: Any, args: tuple, kwargs: dict) -> str | None:
         tensor = args[0] if args else None
@@ -87,7 +95,10 @@ class HostSyncFinder(TorchFunctionMode):
         if self._inside == 0:  # torch's own calls made inside a counted one are not the user's
             kind = self._kind(func, args, kwargs)
             if kind is not None:
-                self.sites[(kind, self.finder.where(2))] += 1
+                key = (kind, *self.finder.where_via(2))
+                self.sites[key] += 1
+                if self.counters is not None:
+                    self.counters.sync_seen(key)
         self._inside += 1
         try:
             return func(*args, **kwargs)
@@ -106,7 +117,7 @@ def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter)
 
     def show(message: Any, category: type, filename: str, lineno: int, *rest: Any) -> None:
         if "synchroniz" in str(message):
-            sites[(CUDA_SYNC, finder.where(2))] += 1
+            sites[(CUDA_SYNC, *finder.where_via(2))] += 1
         else:
             original_show(message, category, filename, lineno, *rest)
 
@@ -121,8 +132,33 @@ def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter)
             warnings.showwarning = original_show
 
 
-def per_env_step(sites: Counter, env_steps: int) -> list[dict[str, Any]]:
-    """``[{where, kind, count, per_env_step}]``, most frequent first."""
+OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOGGING = (
+    "optimizer step", "distribution argument checks", "per-env acting", "action copy", "data-dependent shape",
+    "logging/statistics")
+"""What each sync is for (``causes``): each points to its own fix (``recommendations``)."""
+
+
+def per_env_step(sites: Counter, env_steps: int, acting: Counter | None = None,
+                 envs_per_step: float = 1.0) -> list[dict[str, Any]]:
+    """``[{where, kind, count, per_env_step, via, cause}]``, most frequent first (``cause``: see ``cause_of``)."""
     steps = max(1, env_steps)
-    return [{"where": where, "kind": kind, "count": count, "per_env_step": count / steps}
-            for (kind, where), count in sorted(sites.items(), key=lambda item: -item[1])]
+    rows = []
+    for (kind, where, via), count in sorted(sites.items(), key=lambda item: -item[1]):
+        acting_share = (acting or Counter())[(kind, where, via)] / count
+        rows.append({"where": where, "kind": kind, "count": count, "per_env_step": count / steps, "via": via,
+                     "cause": cause_of(kind, via, acting_share, count / steps * envs_per_step)})
+    return rows
+
+
+def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: float) -> str:
+    """A sync's cause: made inside an optimizer's step (its own per-parameter step counters: the for-loop
+    implementation), inside ``torch.distributions`` (argument validation), while acting (more than one per
+    vector step: actions taken env by env; one: the action copy an env step needs), a data-dependent shape,
+    or else statistics and logging."""
+    if via == "torch.optim":
+        return OPTIMIZER
+    if via == "torch.distributions":
+        return DISTRIBUTION_CHECKS
+    if acting_share > 0.5:
+        return PER_ENV_ACTING if per_vector_step > 1.5 else ACTION_COPY
+    return DATA_DEPENDENT if kind == DATA_SHAPE else LOGGING

@@ -2,13 +2,15 @@
 
 - ``env``: gymnasium ``Env.step``/``reset`` and ``VectorEnv.step``/``reset`` (every subclass
   loaded, so a backend that wraps them is one env call);
-- ``inference``: a module forward that builds no autograd graph (under ``no_grad`` or
-  ``inference_mode``, or with no parameter or input requiring grad), and the work from it to
-  the env step that takes its actions (sampling, the host copy of the actions);
-- ``update``: a forward that builds a graph, ``backward``, ``clip_grad_norm_``, optimizer
-  ``step``/``zero_grad``; and the work since the last env step or update call that leads into it
-  (sampling a replay, advantages, target networks): work between an env step and an update
-  belongs to that update;
+- ``inference``: acting: a module forward followed by an env step before any update call (under
+  ``no_grad`` or not: an acting forward that builds a graph nobody uses is still acting, and a
+  finding), and the work from it to the env step that takes its actions (sampling, the host copy
+  of the actions);
+- ``update``: a forward followed by an update call (``backward``, ``autograd.grad``,
+  ``clip_grad_norm_``, optimizer ``step``/``zero_grad``; a target network's forward under
+  ``no_grad`` too), those calls themselves, and the work since the last env step or update call
+  that leads into it (sampling a replay, advantages): work between an env step and an update
+  belongs to that update; a graph-building forward that neither follows is the update's;
 - ``transfer``: a tensor made from NumPy data, and copies across devices (``to``, ``cpu``, ``cuda``);
 - ``other``: the rest of ``iterate()`` (bookkeeping, logging, Python).
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -68,6 +71,10 @@ class PhaseClock:
         self._gap_transfer = 0.0
         self.gap_transfers: list[float] = []
         """Of each gap, the unhooked seconds up to its last tensor made from NumPy data (the step's data handed over)."""
+        self._graph_forward_seconds = 0.0
+        """Seconds of graph-building forwards booked as inference since the last env step or update: an update call
+        takes them with its lead-in, an env step keeps them as acting, the end of a call gives them to ``update``."""
+        self._entered_graph = False
 
     @property
     def current(self) -> str | None:
@@ -87,6 +94,12 @@ class PhaseClock:
             self._started = now
         self._stack.append(phase)
 
+    def enter_forward(self, builds_graph: bool) -> None:
+        """An outermost module forward: inference until what follows it decides (module doc)."""
+        if self.enabled and not self._stack:
+            self._entered_graph = builds_graph
+        self.enter("inference")
+
     def leave(self) -> None:
         if not self._stack:
             return
@@ -95,6 +108,9 @@ class PhaseClock:
             return
         now = time.perf_counter()
         self.seconds[phase] += now - self._started
+        if phase == "inference" and self._entered_graph:
+            self._graph_forward_seconds += now - self._started
+        self._entered_graph = False
         if phase == "env":
             self._gap_started, self._hooked_in_gap = now, 0.0
         else:
@@ -105,6 +121,7 @@ class PhaseClock:
         elif phase == "update":
             self._acting_from = None
         if phase in ("env", "update"):
+            self._graph_forward_seconds = 0.0
             self._anchor, self._lead_transfer = now, 0.0
             self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
             self.host_tensors_since_anchor = 0
@@ -155,8 +172,12 @@ class PhaseClock:
         self._gap_started, self._hooked_in_gap, self._gap_transfer = None, 0.0, 0.0
 
     def end_window(self) -> None:
-        """The end of an ``iterate()`` call: the time since its last env step is a gap too."""
+        """The end of an ``iterate()`` call: the time since its last env step is a gap too; graph-building
+        forwards no env step followed are the update's (a loss whose backward this call did not reach)."""
         self._close_gap(time.perf_counter())
+        self.seconds["inference"] -= self._graph_forward_seconds
+        self.seconds["update"] += self._graph_forward_seconds
+        self._graph_forward_seconds = 0.0
 
     def _median_gap(self) -> float | None:
         """The median gap; None with fewer than three gaps, too few to tell a burst."""
@@ -187,6 +208,7 @@ class PhaseClock:
         self._anchor = time.perf_counter()
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.host_tensors_since_anchor = 0
+        self._graph_forward_seconds = 0.0
 
     def count_host_tensor(self) -> None:
         """A tensor made from NumPy data: an update's if one runs, else pending until the next update or env step."""
@@ -204,19 +226,72 @@ class PhaseClock:
             self.leave()
 
 
+@dataclass
+class _Forward:
+    """An outermost forward whose role (acting or update) waits for what follows it."""
+
+    builds_graph: bool
+    rows: int
+    site: str | None
+
+
 class LoopCounters:
-    """What the hooks count besides time: outermost forwards by kind, optimizers stepped."""
+    """What the hooks count besides time: outermost forwards by role, optimizers stepped, env calls.
+
+    A forward's role is what follows it: an env step makes the forwards since the last env step or
+    update acting (``inference``), whatever their autograd state; a backward, optimizer step,
+    ``zero_grad`` or ``clip_grad_norm_`` makes them the update's (a target network's forward under
+    ``no_grad`` too); the end of an ``iterate()`` call decides by whether they built a graph.
+    Host syncs made while forwards wait (``pending_syncs``) share their fate: acting or not."""
 
     def __init__(self) -> None:
         self.forwards: Counter[str] = Counter()
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.optimizer_steps = 0
         self.env_classes: Counter[str] = Counter()
+        self.env_step_calls = 0
+        """Outermost env ``step`` calls (a vector env's step is one)."""
         self.inference_sites: Counter[str] = Counter()
-        """Where the first ``SITE_SAMPLES`` outermost inference forwards were called from (``file:line``)."""
+        """Where the first ``SITE_SAMPLES`` outermost acting forwards were called from (``file:line``)."""
         self.inference_rows = 0
-        """Rows (first dimension of the first tensor input) of the outermost inference forwards."""
+        """Rows (first dimension of the first tensor input; a 1-D input is one row) of the acting forwards."""
+        self.graph_acting: Counter[str] = Counter()
+        """Acting forwards that built an autograd graph nobody used, by site (``?`` past the sampled ones)."""
+        self.acting_syncs: Counter[Any] = Counter()
+        """Host-sync keys made while acting: between a forward and the env step that takes its actions."""
+        self.pending: list[_Forward] = []
+        self.pending_syncs: list[Any] = []
         self.depth = 0
+        self._sampled = 0
+
+    def forward_seen(self, builds_graph: bool, rows: int, finder: Any) -> None:
+        """An outermost forward: pending until an env step or an update call decides its role."""
+        site = None
+        if finder is not None and self._sampled < 4 * SITE_SAMPLES:
+            self._sampled += 1
+            site = finder.where(3)
+        self.pending.append(_Forward(builds_graph, rows, site))
+
+    def resolve(self, role: str | None) -> None:
+        """The pending forwards take ``role`` (``inference``, ``update``; None: by their autograd state)."""
+        for forward in self.pending:
+            kind = role or ("update" if forward.builds_graph else "inference")
+            self.forwards[kind] += 1
+            if kind == "inference":
+                self.inference_rows += forward.rows
+                if forward.site is not None and self.inference_sites.total() < SITE_SAMPLES:
+                    self.inference_sites[forward.site] += 1
+                if forward.builds_graph:
+                    self.graph_acting[forward.site or "?"] += 1
+        if role == "inference":
+            self.acting_syncs.update(self.pending_syncs)
+        self.pending.clear()
+        self.pending_syncs.clear()
+
+    def sync_seen(self, key: Any) -> None:
+        """A host sync (``host_syncs``): acting when an env step follows before an update call."""
+        if self.pending:
+            self.pending_syncs.append(key)
 
 
 def _builds_graph(module: torch.nn.Module, inputs: tuple) -> bool:
@@ -228,8 +303,9 @@ def _builds_graph(module: torch.nn.Module, inputs: tuple) -> bool:
 
 
 def _rows(inputs: tuple) -> int:
+    """Rows of a forward: the first dimension of a batched input; a 0-D or 1-D input is one row."""
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
-    return 1 if first is None or first.dim() == 0 else int(first.shape[0])
+    return 1 if first is None or first.dim() <= 1 else int(first.shape[0])
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
@@ -282,8 +358,13 @@ class Patches:
             self._undo.pop()()
 
 
-def _timed(clock: PhaseClock, phase: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _timed(clock: PhaseClock, phase: str, original: Callable[..., Any],
+           counters: "LoopCounters | None" = None) -> Callable[..., Any]:
+    """``original`` timed as ``phase``; an outermost update call decides the pending forwards' role."""
+
     def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if counters is not None and clock.enabled and clock.current is None:
+            counters.resolve(phase)
         clock.enter(phase)
         try:
             return original(*args, **kwargs)
@@ -316,6 +397,9 @@ def _env_call(clock: PhaseClock, counters: "LoopCounters", original: Callable[..
     def wrapped(env: Any, *args: Any, **kwargs: Any) -> Any:
         if clock.enabled and clock.current is None:
             counters.env_classes[type(env).__name__] += 1
+            if original.__name__ == "step":
+                counters.env_step_calls += 1
+                counters.resolve("inference")
         clock.enter("env")
         try:
             return original(env, *args, **kwargs)
@@ -351,14 +435,10 @@ def hooks(clock: PhaseClock, counters: LoopCounters, finder: Any = None) -> Iter
 
     def forward_pre(module: torch.nn.Module, inputs: tuple) -> None:
         if counters.depth == 0:
-            kind = "update" if _builds_graph(module, inputs) else "inference"
-            if clock.enabled:
-                counters.forwards[kind] += 1
-                if kind == "inference":
-                    counters.inference_rows += _rows(inputs)
-                    if finder is not None and counters.forwards["inference"] <= SITE_SAMPLES:
-                        counters.inference_sites[finder.where(2)] += 1
-            clock.enter(kind)
+            builds_graph = _builds_graph(module, inputs)
+            if clock.enabled and clock.current is None:
+                counters.forward_seen(builds_graph, _rows(inputs), finder)
+            clock.enter_forward(builds_graph)
         else:
             clock.enter("inference")  # nested: the outer phase already runs, this one is not counted
         counters.depth += 1
@@ -371,6 +451,8 @@ def hooks(clock: PhaseClock, counters: LoopCounters, finder: Any = None) -> Iter
         counters.optimizers[id(optimizer)] = optimizer
         if clock.enabled:
             counters.optimizer_steps += 1
+            if clock.current is None:
+                counters.resolve("update")
         clock.enter("update")
 
     def step_post(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -381,10 +463,9 @@ def hooks(clock: PhaseClock, counters: LoopCounters, finder: Any = None) -> Iter
         patches.handle(nn_module.register_module_forward_hook(forward_post, always_call=True))
         patches.handle(optim_module.register_optimizer_step_pre_hook(step_pre))
         patches.handle(optim_module.register_optimizer_step_post_hook(step_post))
-        patches.replace(torch.Tensor, "backward", lambda f: _timed(clock, "update", f))
-        patches.replace(torch.autograd, "backward", lambda f: _timed(clock, "update", f))
-        patches.replace(torch.optim.Optimizer, "zero_grad", lambda f: _timed(clock, "update", f))
-        patches.replace(torch.nn.utils, "clip_grad_norm_", lambda f: _timed(clock, "update", f))
+        for owner, name in ((torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad"),
+                            (torch.optim.Optimizer, "zero_grad"), (torch.nn.utils, "clip_grad_norm_")):
+            patches.replace(owner, name, lambda f: _timed(clock, "update", f, counters))
         for cls in _env_classes():
             for name in ("step", "reset"):
                 if name in vars(cls):

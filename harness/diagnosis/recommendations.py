@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.diagnosis.frames import short
-from harness.diagnosis.host_syncs import DATA_SHAPE, HOST_COPY, ITEM
+from harness.diagnosis.host_syncs import (
+    BRANCH, CUDA_SYNC, DATA_DEPENDENT, DATA_SHAPE, DISTRIBUTION_CHECKS, HOST_COPY, ITEM, LOGGING, OPTIMIZER,
+    PER_ENV_ACTING, TO_CPU)
 
 ANALYSIS_DOC = Path(__file__).resolve().parents[2] / "docs" / "analysis.md"
 _MEASURED = re.compile(r"^Measured (\d{4}-\d\d-\d\d)(.*)$")
@@ -82,30 +84,61 @@ class Rule:
     """How the change removes the cost the finding shows."""
 
 
-def _syncs(d: dict[str, Any], kinds: tuple[str, ...]) -> tuple[float, str]:
-    rows = [s for s in d["host_syncs"] if s["kind"] in kinds]
+def _syncs(d: dict[str, Any], kinds: tuple[str, ...], causes: tuple[str, ...]) -> tuple[float, str]:
+    rows = [s for s in d["host_syncs"] if s["kind"] in kinds and s.get("cause", LOGGING) in causes]
     return sum(s["per_env_step"] for s in rows), ", ".join(short(s["where"]) for s in rows[:3])
 
 
-def _per_env_forward(d: dict[str, Any]) -> str | None:
-    per, rows = d["forwards_per_env_step"], d["rows_per_inference_forward"]
-    if per < 0.5 or rows >= 1.5:  # forwards of a whole batch (a policy and a critic, say) are batched inference
+_ANY_SYNC = (ITEM, HOST_COPY, BRANCH, DATA_SHAPE, TO_CPU, CUDA_SYNC)
+
+
+def _per_env_acting(d: dict[str, Any]) -> str | None:
+    """Actions chosen env by env: more than one acting forward of one row per vector step, or acting syncs
+    (``.item()`` of each env's action, say) more than once per vector step."""
+    envs = d["loop"].get("envs_per_step", 1.0)
+    if envs < 1.5:  # one env per step: one forward and one copy per step is already the minimum
         return None
-    sites = ", ".join(short(where) for where in d.get("inference_forward_sites", []))
-    return (f"{per:.2f} inference forwards per env step of {rows:.1f} rows each" + (f" at {sites}" if sites else "")
-            + ": a forward per env, not one per vector step")
+    parts = []
+    per, rows = d["forwards_per_env_step"], d["rows_per_inference_forward"]
+    if per * envs > 1.5 and rows < 1.5:
+        sites = ", ".join(short(where) for where in d.get("inference_forward_sites", []))
+        parts.append(f"{per:.2f} acting forwards per env step of {rows:.1f} row each" + (f" at {sites}" if sites else "")
+                     + f" ({per * envs:.1f} per vector step of {envs:g} envs)")
+    syncs, where = _syncs(d, _ANY_SYNC, (PER_ENV_ACTING,))
+    if syncs:
+        parts.append(f"{syncs:.2f} acting host syncs per env step at {where} (one per env, not one per vector step)")
+    return "; ".join(parts) + ": actions chosen one env at a time" if parts else None
 
 
 def _item_syncs(d: dict[str, Any]) -> str | None:
-    per, where = _syncs(d, (ITEM,))
-    return None if per < 0.25 else f"{per:.2f} .item() syncs per env step at {where}"
+    per, where = _syncs(d, (ITEM, HOST_COPY, TO_CPU), (LOGGING,))
+    return None if per < 0.25 else f"{per:.2f} syncs per env step for statistics or logging at {where}"
 
 
 def _host_copies(d: dict[str, Any]) -> str | None:
-    per, where = _syncs(d, (HOST_COPY, DATA_SHAPE))
-    if per < 0.5 or d["forwards_per_env_step"] >= 0.5:  # a per-env loop's copies: the forward rule covers them
+    """More host copies per vector step than the one an env step needs (acting and optimizer syncs aside)."""
+    per, where = _syncs(d, (HOST_COPY, DATA_SHAPE, TO_CPU), (LOGGING, DATA_DEPENDENT))
+    per_vector_step = per * d["loop"].get("envs_per_step", 1.0)
+    if per < 0.25 or per_vector_step <= 1.0:
         return None
-    return f"{per:.2f} host copies per env step at {where}"
+    return f"{per:.2f} host copies per env step ({per_vector_step:.1f} per vector step) at {where}"
+
+
+def _distribution_checks(d: dict[str, Any]) -> str | None:
+    per, where = _syncs(d, _ANY_SYNC, (DISTRIBUTION_CHECKS,))
+    if per < 0.05:
+        return None
+    return f"{per:.2f} host syncs per env step at {where} are torch.distributions validating their arguments"
+
+
+def _graph_acting(d: dict[str, Any]) -> str | None:
+    rows = d.get("graph_building_acting", [])
+    per = sum(r["per_env_step"] for r in rows)
+    if not rows:
+        return None
+    sites = ", ".join(short(r["where"]) for r in rows[:3] if r["where"] != "?")
+    return (f"{per:.2f} acting forwards per env step build an autograd graph nobody uses" + (f" at {sites}" if sites else "")
+            + " (no backward follows before the env step)")
 
 
 def _float64(d: dict[str, Any]) -> str | None:
@@ -125,10 +158,14 @@ def _env_bound(d: dict[str, Any]) -> str | None:
 
 
 def _forloop_optimizer(d: dict[str, Any]) -> str | None:
-    loops = [o["class"] for o in d["loop"]["optimizers"] if o["impl"] == "for-loop" and o["class"] in ("Adam", "AdamW", "SGD")]
-    if not loops or d["phases"]["update"] < 20:
+    loops = [o["class"] for o in d["loop"]["optimizers"] if o["impl"] == "for-loop" and o["class"] in _FUSABLE]
+    syncs, where = _syncs(d, _ANY_SYNC, (OPTIMIZER,))
+    if not loops or (d["phases"]["update"] < 20 and syncs < 0.05):
         return None
-    return f"the update takes {d['phases']['update']:.0f}% of the time with {', '.join(loops)} in its for-loop implementation"
+    text = f"{', '.join(loops)} in its for-loop implementation, the update at {d['phases']['update']:.0f}% of the time"
+    if syncs:
+        text += f"; {syncs:.2f} host syncs per env step at {where} are its per-parameter step counters (.item())"
+    return text
 
 
 def _many_kernels(d: dict[str, Any]) -> str | None:
@@ -175,16 +212,27 @@ def _replay_conversions(d: dict[str, Any]) -> str | None:
     return f"{per:.0f} tensors made from NumPy data per optimizer step on the way into it (a sample at a time)"
 
 
+_FUSABLE = ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")
+
 RULES: list[Rule] = [
-    Rule("per_env_inference", "batched inference: one forward over all envs per step, actions copied to the host "
-         "once", "batch_inference", _per_env_forward, "batched: {batched_inference: true}",
+    Rule("per_env_inference", "batched acting: one forward over all envs per vector step, actions copied to the "
+         "host once (obs of shape [num_envs, ...], one argmax/sample, one .cpu().numpy())", "batch_inference",
+         _per_env_acting, "batched: {batched_acting: true}",
          "one forward and one host copy per vector step instead of one per env: the per-call overhead (Python, dispatch, kernel launches) is paid once"),
     Rule("item_per_step", "sync-free logging: keep statistics in device tensors, one .item() per log interval",
          "sync_free_logging", _item_syncs, "sync_free: {sync_free_logging: true}",
          "each .item() waits for the device and costs a Python round-trip; device-side accumulators pay it once per interval"),
-    Rule("host_copies", "keep actions and statistics on the device until one batched host copy per step",
-         "batch_inference", _host_copies, "one_copy: {one_host_copy: true}",
+    Rule("host_copies", "keep statistics on the device until one batched host copy per step",
+         None, _host_copies, "one_copy: {one_host_copy: true}",
          "every host copy synchronises with the device; one copy per step is the minimum an env step needs"),
+    Rule("distribution_checks", "distribution argument checks off: Categorical(logits=..., validate_args=False), or "
+         "torch.distributions.Distribution.set_default_validate_args(False) once at start-up", None,
+         _distribution_checks, "no_checks: {validate_args: false}",
+         "each distribution built checks its arguments on the host (a bool(tensor) per check): a sync and Python work per "
+         "step; the checks find bugs, not speed, once a trainer works"),
+    Rule("acting_builds_graph", "act under torch.no_grad() (or torch.inference_mode()): the acting forward builds an "
+         "autograd graph that no backward uses", None, _graph_acting, "no_grad_acting: {no_grad_acting: true}",
+         "recording the graph costs time and memory on every acting forward; without it the forward runs plain kernels"),
     Rule("float64", "float32 at the source: dtype=torch.float32 where a tensor is made from NumPy data (or "
          ".astype(np.float32)); float64 doubles memory traffic and does not run on MPS", None, _float64,
          "float32: {float32_inputs: true}",
@@ -226,11 +274,24 @@ def recommend(d: dict[str, Any], target: str, figures: list[Figure] | None = Non
             continue
         flag = rule.flag
         check = (f"rlgauge run {target} --variant {_flag_variant(flag)}" if d["kind"] == "preset" else
-                 f"add under variants: in your YAML `{rule.variant}` (a switch your factory reads), then "
-                 f"rlgauge run {target} --variant both")
+                 own_check(rule.variant, target, d["variant"]))
         found.append({"rule": rule.name, "change": rule.change, "why": rule.why, "evidence": evidence,
                       "effect": effect_of(flag, d["device"], figures), "check": check})
     return found
+
+
+def own_check(variant: str, target: str, diagnosed: str) -> str:
+    """How to measure a change on a user's trainer: a variant added to its YAML (a switch the factory reads)
+    and the ``rlgauge run`` that measures it against the diagnosed variant, interleaved."""
+    name = variant.split(":")[0]
+    path = target.split("--config ", 1)[1].strip() if "--config " in target else target
+    if not path.endswith((".yaml", ".yml")):
+        return (f"write a YAML with `trainer:` and `variants: {{baseline: {{}}, {variant}}}` (a switch your factory "
+                f"reads), then rlgauge run FILE.yaml --variant baseline,{name}")
+    reference = diagnosed if diagnosed != "config" else "baseline"
+    added = f"`{variant}`" if diagnosed != "config" else f"`baseline: {{}}` and `{variant}`"
+    return (f"add under variants: in {path} {added} (a switch your factory reads), then "
+            f"rlgauge run {path} --variant {reference},{name}")
 
 
 def _flag_variant(flag: str | None) -> str:

@@ -19,22 +19,25 @@ def report_lines(d: dict[str, Any]) -> list[str]:
     loop, over = d["loop"], d["overhead"]
     what = f"your trainer {d['trainer']}" if d["kind"] == "trainer" else f"{d['preset']}"
     lines = [f"diagnosed: {what} ({d['variant']}) on {d['device']}, {d['env_steps']['hooked']:,} env steps with the "
-             "phase hooks on, one iterate() audited for syncs, float64 and kernels",
+             "phase hooks on, "
+             f"{d['env_steps']['audit']:,} audited for syncs, float64 and kernels",
              "phases found by the hooks (% of iterate() wall time): " + _split(d["phases"], SHOWN_PHASES)]
     if d.get("probe_phases"):
         lines.append("phases the trainer reports to the probe:       " + _split(d["probe_phases"], _PROBE_ORDER))
     lines.append(f"host syncs per env step: {sum(s['per_env_step'] for s in d['host_syncs']):.2f}"
                  + ("" if d["host_syncs"] else " (none)"))
-    lines += [f"  {s['per_env_step']:8.3f}  {s['kind']:<28} {short(s['where'])}" for s in d["host_syncs"][:10]]
+    lines += [f"  {s['per_env_step']:8.3f}  {s['kind']:<28} {short(s['where']):<24} {s.get('cause', '')}"
+              for s in d["host_syncs"][:10]]
     if len(d["host_syncs"]) > 10:
         lines.append(f"  ... {len(d['host_syncs']) - 10} more sites (--json lists them all)")
     lines.append(f"float64 ops: {sum(f['count'] for f in d['float64'])}" + ("" if d["float64"] else " (none)"))
     lines += [f"  {f['count']:8d}  {f['op']:<28} {short(f['where'])}" for f in d["float64"][:10]]
     opts = ", ".join(f"{o['class']} ({o['impl']})" for o in loop["optimizers"]) or "none stepped"
     lines += [
-        f"loop shape: {d['forwards_per_env_step']:.3f} inference forwards and "
+        f"loop shape: {d['forwards_per_env_step']:.3f} acting forwards and "
         f"{loop['update_forwards_per_env_step']:.3f} update forwards per env step (outermost modules; "
-        f"{d['rows_per_inference_forward']:.1f} rows per inference forward); "
+        f"{d['rows_per_inference_forward']:.1f} rows per acting forward; {loop['envs_per_step']:g} envs per "
+        f"vector step); {loop['optimizer_steps_per_env_step']:.3g} optimizer steps per env step; "
         f"{loop['kernels_per_env_step']:.1f} kernels per env step; optimizer: {opts}; torch threads: "
         f"{loop['torch_threads']}; envs: {', '.join(loop['env_classes']) or 'none seen'}",
         f"compile: {loop['frames_compiled']} frames compiled, {loop['graph_breaks']} graph breaks and "
@@ -50,6 +53,10 @@ def report_lines(d: dict[str, Any]) -> list[str]:
         fraction = d.get("fraction_of_ceiling")
         lines.append(f"env-only ceiling (random actions, same backend and envs): {d['env_ceiling_steps_per_sec']:,.0f} "
                      "env steps/s" + (f"; the pass without hooks reaches {100 * fraction:.1f}% of it" if fraction else ""))
+    if loop.get("calls_per_block", 1) > 1:
+        lines.append(f"blocks: {loop['calls_per_block']} iterate() calls at a time (one update each), with hooks and "
+                     "without in turn, and in the audit")
+    lines += [f"warning: {text}" for text in d.get("warnings", [])]
     if d.get("ran_out"):
         lines.append("note: the trainer ran out of iterations before the passes were complete")
     lines.append("recommendations:" if d["recommendations"] else
