@@ -1,5 +1,5 @@
 """The training-path detectors: ``Float64Sentinel`` (dispatch-level float64 ops) and
-``HostSyncCounter`` (device->host synchronisations)."""
+the one host-sync counter of run and diagnose (device->host synchronisations)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import torch
 
 from conftest import TINY
 from harness.cli import main
-from harness.measurement.sentinels import Float64Sentinel, HostSyncCounter
+from harness.diagnosis.frames import SiteFinder
+from harness.diagnosis.host_syncs import BRANCH, HOST_COPY, ITEM, HostSyncFinder
+from harness.measurement.sentinels import Float64Sentinel
 
-PATCHED = ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "to", "numpy")
 
 
 # --------------------------------------------------------------------------- Float64Sentinel
@@ -102,66 +103,66 @@ def test_float64_sentinel_stops_counting_after_its_context() -> None:
     assert sentinel.count == 1
 
 
-# --------------------------------------------------------------------------- HostSyncCounter on the CPU
+# --------------------------------------------------------------------------- the sync counter on the CPU
+# One counter for run and diagnose: harness.diagnosis.host_syncs.HostSyncFinder.
+
+def _counter(device: str) -> HostSyncFinder:
+    return HostSyncFinder(torch.device(device), SiteFinder())
+
+
+def _kinds(counter: HostSyncFinder) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for (kind, _, _), count in counter.sites.items():
+        found[kind] = found.get(kind, 0) + count
+    return found
+
 
 def test_host_sync_counter_on_cpu_counts_each_host_read() -> None:
-    counter = HostSyncCounter(torch.device("cpu"))
+    counter = _counter("cpu")
     x = torch.arange(4, dtype=torch.float32)
-    with counter.active():
+    with counter:
         x.sum().item()
         x.tolist()
         float(x.sum())
         int(x[1])
         bool(x[1] > 0)
     assert counter.count == 5
-    assert dict(counter.by_call) == {"item": 1, "tolist": 1, "__float__": 1, "__int__": 1, "__bool__": 1}
+    assert _kinds(counter) == {ITEM: 3, HOST_COPY: 1, BRANCH: 1}
 
 
 def test_host_sync_counter_on_cpu_counts_cpu_numpy_once() -> None:
-    counter = HostSyncCounter(torch.device("cpu"))
+    counter = _counter("cpu")
     x = torch.arange(4, dtype=torch.float32)
-    with counter.active():
+    with counter:
         array = x.cpu().numpy()
         x.to("cpu")  # a no-op on the CPU: free
     assert isinstance(array, np.ndarray)
-    assert counter.count == 1
-    assert dict(counter.by_call) == {"numpy": 1}
+    assert counter.count == 1 and _kinds(counter) == {HOST_COPY: 1}
 
 
 def test_host_sync_counter_counts_nothing_for_device_side_work() -> None:
-    counter = HostSyncCounter(torch.device("cpu"))
+    counter = _counter("cpu")
     x = torch.randn(8)
-    with counter.active():
+    with counter:
         y = (x * 2).softmax(-1)
         y = y.to(torch.float32)
         torch.multinomial(y, 1)
     assert counter.count == 0
 
 
-def test_host_sync_counter_restores_tensor_methods_after_the_context() -> None:
-    before = {name: getattr(torch.Tensor, name) for name in PATCHED}
-    counter = HostSyncCounter(torch.device("cpu"))
-    with counter.active():
-        assert all(getattr(torch.Tensor, name) is not before[name] for name in PATCHED)
-    assert all(getattr(torch.Tensor, name) is before[name] for name in PATCHED)
-    torch.ones(2).sum().item()
-    torch.ones(2).cpu().numpy()
-    assert counter.count == 0  # nothing is counted once the context is left
-
-
-def test_host_sync_counter_restores_tensor_methods_after_an_exception() -> None:
-    before = {name: getattr(torch.Tensor, name) for name in PATCHED}
-    counter = HostSyncCounter(torch.device("cpu"))
-    with pytest.raises(RuntimeError, match="inside"), counter.active():
+def test_host_sync_counter_counts_nothing_once_left_even_after_an_exception() -> None:
+    counter = _counter("cpu")
+    with pytest.raises(RuntimeError, match="inside"), counter:
         torch.ones(1).item()
         raise RuntimeError("inside")
+    torch.ones(2).sum().item()
+    torch.ones(2).cpu().numpy()
     assert counter.count == 1
-    assert all(getattr(torch.Tensor, name) is before[name] for name in PATCHED)
 
 
-def test_host_sync_counter_wrapped_methods_return_the_original_results() -> None:
+def test_host_sync_counter_returns_the_original_results() -> None:
     x = torch.tensor([1.5, 2.5])
-    with HostSyncCounter(torch.device("cpu")).active():
+    with _counter("cpu"):
         assert x.tolist() == [1.5, 2.5]
         assert x[0].item() == 1.5
         assert float(x[1]) == 2.5
@@ -169,13 +170,13 @@ def test_host_sync_counter_wrapped_methods_return_the_original_results() -> None
         np.testing.assert_array_equal(x.cpu().numpy(), np.array([1.5, 2.5], dtype=np.float32))
 
 
-# --------------------------------------------------------------------------- HostSyncCounter for an accelerator
+# --------------------------------------------------------------------------- the sync counter for an accelerator
 
 def test_host_sync_counter_for_cuda_does_not_count_cpu_copies_of_cpu_tensors() -> None:
     # Only device.type is read, so this runs without CUDA: the tensors here all live on the CPU.
-    counter = HostSyncCounter(torch.device("cuda"))
+    counter = _counter("cuda")
     x = torch.arange(3, dtype=torch.float32)
-    with counter.active():
+    with counter:
         x.cpu()
         x.to("cpu")
         x.to(device="cpu")
@@ -186,33 +187,42 @@ def test_host_sync_counter_for_cuda_does_not_count_cpu_copies_of_cpu_tensors() -
 
 def test_host_sync_counter_for_cuda_ignores_scalar_reads_of_host_tensors() -> None:
     """Scalar reads of host tensors (e.g. optimiser step counters) never synchronise a GPU."""
-    counter = HostSyncCounter(torch.device("cuda"))
+    counter = _counter("cuda")
     x = torch.arange(3, dtype=torch.float32)
-    with counter.active():
+    with counter:
         x.sum().item()
         x.tolist()
         float(x[0])
     assert counter.count == 0
 
 
-def test_host_sync_counter_on_cpu_ignores_torch_internal_scalar_reads() -> None:
-    """forloop Adam reads its step counters with .item(); those are not the training code's syncs."""
+def test_host_sync_counter_on_cpu_counts_the_forloop_optimizers_step_counters_as_the_optimizers() -> None:
+    """The for-loop Adam reads its step counters with .item() (one per parameter per step): counted on the CPU as
+    on any host read, and attributed to the optimizer (diagnose points them to the fused implementation)."""
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.Adam([param], foreach=False)
     param.grad = torch.ones(3)
-    counter = HostSyncCounter(torch.device("cpu"))
-    with counter.active():
+    counter = _counter("cpu")
+    with counter:
         optimizer.step()
         optimizer.step()
         param.sum().item()
-    assert counter.count == 1
+    via: dict[str | None, int] = {}
+    for (_, _, library), count in counter.sites.items():
+        via[library] = via.get(library, 0) + count
+    assert counter.count == 3 and via == {"torch.optim": 2, None: 1}
+    fused = torch.optim.Adam([param], fused=True)
+    counter = _counter("cpu")
+    with counter:
+        fused.step()
+    assert counter.count == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_host_sync_counter_for_cuda_counts_copies_of_device_tensors() -> None:
-    counter = HostSyncCounter(torch.device("cuda"))
+    counter = _counter("cuda")
     x = torch.arange(3, dtype=torch.float32, device="cuda")
-    with counter.active():
+    with counter:
         x.cpu()
         x.to("cpu")
         x.to(device="cpu")

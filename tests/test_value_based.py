@@ -441,7 +441,8 @@ def test_compile_failure_falls_back_to_eager_and_is_recorded(algo: str, monkeypa
 
 @algos
 def test_sync_free_logging_leaves_one_host_sync_per_vector_step(algo: str) -> None:
-    from harness.measurement.sentinels import HostSyncCounter
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import HostSyncFinder
 
     fast = ["optimizations.batch_inference=true", "optimizations.replay=tensor", "optimizations.sync_free_logging=true",
             "optimizations.optimizer_impl=fused"]
@@ -450,8 +451,8 @@ def test_sync_free_logging_leaves_one_host_sync_per_vector_step(algo: str) -> No
         trainer = make(algo, *overrides)
         try:
             trainer.iterate()
-            syncs = HostSyncCounter(trainer.device)
-            with syncs.active():
+            syncs = HostSyncFinder(trainer.device, SiteFinder())
+            with syncs:
                 result = trainer.iterate()
             counts[name] = syncs.count / (result.agent_steps // trainer.num_envs)
         finally:

@@ -24,8 +24,11 @@ def report_lines(d: dict[str, Any]) -> list[str]:
              "phases found by the hooks (% of iterate() wall time): " + _split(d["phases"], SHOWN_PHASES)]
     if d.get("probe_phases"):
         lines.append("phases the trainer reports to the probe:       " + _split(d["probe_phases"], _PROBE_ORDER))
-    lines.append(f"host syncs per env step: {sum(s['per_env_step'] for s in d['host_syncs']):.2f}"
-                 + ("" if d["host_syncs"] else " (none)"))
+    per_step = sum(s["per_env_step"] for s in d["host_syncs"])
+    envs = loop.get("envs_per_step", 1.0)
+    lines.append(f"host syncs per env step: {per_step:.2f}" + (
+        f" ({per_step * envs:.2f} per vector step of {envs:g} envs: run's host_syncs_per_step)" if d["host_syncs"]
+        else " (none)"))
     lines += [f"  {s['per_env_step']:8.3f}  {s['kind']:<28} {short(s['where']):<24} {s.get('cause', '')}"
               for s in d["host_syncs"][:10]]
     if len(d["host_syncs"]) > 10:

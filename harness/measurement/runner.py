@@ -35,7 +35,9 @@ from harness.specs.presets import VariantSpec
 from harness.measurement.progress import RunProgress
 from harness.measurement.provenance import git_info, machine_info
 from harness.results import RunResult
-from harness.measurement.sentinels import Float64Sentinel, HostSyncCounter
+from harness.diagnosis.frames import SiteFinder
+from harness.diagnosis.host_syncs import HostSyncFinder
+from harness.measurement.sentinels import Float64Sentinel
 
 log = logging.getLogger("rlgauge")
 
@@ -374,11 +376,12 @@ def _latency_and_sentinels(live: _Live) -> None:
             seconds.append(time.perf_counter() - start)
         live.latency = metrics.latency_percentiles(seconds)
 
-    syncs, wide = HostSyncCounter(device), Float64Sentinel()
+    # the one sync counter, diagnose's: the same calls counted the same way (an optimizer's own step counters too)
+    syncs, wide = HostSyncFinder(device, SiteFinder()), Float64Sentinel()
     try:
         # a dispatch mode cannot run inside compiled code: the checked iteration runs the compiled
         # functions' eager code, without counting as a compile fallback
-        with torch.compiler.set_stance("force_eager"), syncs.active(), wide:
+        with torch.compiler.set_stance("force_eager"), syncs, wide:
             done = trainer.iterate()
     except TrainerExhausted as exc:  # every timed repeat completed: not a failure of that work
         live.sentinel_skipped = (f"{exc}, after its timed repeats: the checked iteration (float64, host syncs) was "
