@@ -168,6 +168,27 @@ def test_fused_adam_switch_runs_the_fused_kernel(make, monkeypatch) -> None:
     assert len(calls) == TINY["update_epochs"] * TINY["num_minibatches"]
 
 
+def test_validate_args_switch_turns_the_distribution_checks_off(make) -> None:
+    """The plain path validates each Categorical's arguments (host syncs in torch.distributions); the switch
+    builds it with validate_args=False: no sync from there, the same numbers."""
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import HostSyncFinder
+
+    def distribution_syncs(**switches) -> int:
+        trainer = make(seed=5, **switches)
+        counter = HostSyncFinder(torch.device("cpu"), SiteFinder())
+        with counter:
+            trainer.iterate()
+        return sum(n for (_, _, via), n in counter.sites.items() if via == "torch.distributions")
+
+    assert distribution_syncs() >= TINY["num_steps"] and distribution_syncs(validate_args=False) == 0
+    plain = make(seed=5)
+    plain.iterate()
+    fast = make(seed=5, validate_args=False)  # made after the plain one ran: both start from the seed's RNG
+    fast.iterate()
+    assert_close(params(fast), params(plain), atol=0)
+
+
 def test_preallocated_storage_switch_converts_once_per_rollout(make, monkeypatch) -> None:
     calls = []
     for name in ("from_numpy", "as_tensor"):
@@ -190,7 +211,8 @@ def test_preallocated_storage_switch_converts_once_per_rollout(make, monkeypatch
 @pytest.mark.parametrize("switches", [
     {"fused_adam": True, "preallocated_storage": True, "batched_inference_no_grad": False},
     {"fused_adam": True, "preallocated_storage": True, "batched_inference_no_grad": True},
-], ids=["fused+prealloc", "fused+prealloc+batched"])
+    {"fused_adam": True, "preallocated_storage": True, "validate_args": False},
+], ids=["fused+prealloc", "fused+prealloc+batched", "fused+prealloc+no-checks"])
 def test_optimised_paths_do_the_same_maths(make, switches) -> None:
     plain = make(seed=7)
     plain.iterate()

@@ -5,8 +5,8 @@ returning an object with ``iterate() -> env steps``, ``close()``, ``mean_recent_
 ``state_dict()`` and ``load_state_dict()``. This file is that contract wrapped around a
 single-file PPO written the way CleanRL writes them (see cleanrl/ppo.py), plus a few speed
 switches (``vectorization``, ``torch_threads``, ``batched_inference_no_grad``, ``fused_adam``,
-``preallocated_storage``). Each defaults to the plain CleanRL path and each switches a real code
-path, so ``bench.yaml`` can time plain against optimised. The probe, when given, is told when
+``preallocated_storage``, ``validate_args``). Each defaults to the plain CleanRL path and each
+switches a real code path, so ``bench.yaml`` can time plain against optimised. The probe, when given, is told when
 the trainer is stepping envs, choosing actions, copying data and updating the networks.
 """
 
@@ -29,7 +29,7 @@ DEFAULTS: dict = {
     "total_timesteps": 500_000,
     # speed switches: the defaults are the plain CleanRL path
     "vectorization": "sync", "torch_threads": None, "batched_inference_no_grad": False,
-    "fused_adam": False, "preallocated_storage": False,
+    "fused_adam": False, "preallocated_storage": False, "validate_args": True,
 }
 _NULL = contextlib.nullcontext()
 
@@ -69,8 +69,9 @@ def layer_init(layer, std=SQRT2, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    def __init__(self, envs):
+    def __init__(self, envs, validate_args=True):
         super().__init__()
+        self.validate_args = validate_args
         obs_dim = int(np.array(envs.single_observation_space.shape).prod())
         self.critic = nn.Sequential(
             layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(),
@@ -88,7 +89,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits = self.actor(x)
-        probs = Categorical(logits=logits)
+        probs = Categorical(logits=logits, validate_args=self.validate_args)
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
@@ -120,7 +121,7 @@ class PPOTrainer:
                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         assert isinstance(self.envs.single_action_space, gym.spaces.Discrete), "only discrete actions"
 
-        self.agent = Agent(self.envs).to(self.device)
+        self.agent = Agent(self.envs, cfg["validate_args"]).to(self.device)
         fused = {"foreach": False, "fused": True} if cfg["fused_adam"] else {}
         self.optimizer = optim.Adam(self.agent.parameters(), lr=cfg["learning_rate"], eps=1e-5, **fused)
 
