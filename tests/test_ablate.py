@@ -177,6 +177,9 @@ def test_ablate_tiny_run_writes_table_json_chart_and_runs(capsys: pytest.Capture
     assert set(data["arms"]) == {"baseline", "+batch_inference", "+sync_free_logging", "all-on", "-batch_inference",
                                  "-sync_free_logging"}
     assert all(len(arm["env_steps_per_sec"]["samples"]) == 2 for arm in data["arms"].values())
+    # what a reference-effects entry needs: when, from which commit, and whether each arm was trustworthy
+    assert data["started_at"][:4].isdigit() and "commit" in data["git"]
+    assert all(isinstance(arm["quality"]["trustworthy"], bool) for arm in data["arms"].values())
     assert data["flags"][0]["alone"]["n"] == 2 and "not a confidence interval" in data["interval"]
     assert data["flags"][0]["verdict_alone"] == "no verdict: 2 repeats (needs 3)"
     assert (out / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -255,6 +255,13 @@ CASES: dict[str, Case] = {
     "record: no milestone": (lambda w: ["record", str(w.good)], "--milestone"),
     "run: no target": (lambda w: ["run"], "required"),
     "config: --variant unknown": (lambda w: ["config", PRESET, "--variant", "fast"], "--variant"),
+    "run: --variant list with an unknown name": (
+        lambda w: ["run", PRESET, "--variant", "optimized,fast", "--out", str(w.root / "r.json")],
+        f"--variant optimized,fast: {PRESET} defines no variant 'fast'; defined: baseline, optimized"),
+    "run: --variant list with an empty name": (lambda w: ["run", PRESET, "--variant", "baseline,"], "an empty name"),
+    "gate: --variant with the result files": (
+        lambda w: ["gate", "--baseline", str(w.good), "--candidate", str(w.good), "--variant", "all"],
+        "--variant applies to --run only"),
 }
 
 

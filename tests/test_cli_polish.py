@@ -125,6 +125,33 @@ def test_run_help_starts_with_its_description(capsys: pytest.CaptureFixture[str]
     assert "a preset name (see 'rlgauge presets') or a YAML config file" in " ".join(out.split())
 
 
+def test_diagnose_tries_torch_compile_only_when_asked(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--compile-check`` turns the torch.compile trial on; ``--no-compile-check`` (the default now) is
+    still accepted but no longer shown."""
+    from harness.measurement import environment
+
+    asked: list[bool] = []
+
+    def report(compile_device: str | None = None, check_compile: bool = True) -> dict[str, Any]:
+        asked.append(check_compile)
+        raise KeyboardInterrupt  # stop before the diagnosis runs
+
+    monkeypatch.setattr(environment, "environment_report", report)
+    for argv in ([], ["--no-compile-check"], ["--compile-check"]):
+        assert main(["diagnose", "ppo-cartpole", "--device", "cpu", *argv]) == 130
+    assert asked == [False, False, True]
+    code, out, _ = _run(capsys, "diagnose", "--help")
+    assert code == 0 and "--compile-check" in out and "--no-compile-check" not in out
+
+
+def test_run_and_config_help_name_lists_all_and_both(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("run", "config"):
+        code, out, _ = _run(capsys, command, "--help")
+        text = " ".join(out.split())
+        assert code == 0 and "--variant NAME[,NAME...]|all|both" in text and "a comma list of them" in text
+
+
 # --------------------------------------------------------------------------- presets listing
 
 def test_presets_listing_aligns_on_the_longest_name(capsys: pytest.CaptureFixture[str]) -> None:

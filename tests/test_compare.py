@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.stats.compare import (METRICS, Pair, change, comparison_table, describe_method, file_pairs, independent_ratio,
-                             metric_ratio, paired_ratio, state_line, untrustworthy_warning, variant_pairs)
+from harness.stats.compare import (METRICS, Pair, change, comparison_table, describe_method, env_rate_line, file_pairs,
+                                   independent_ratio, metric_ratio, paired_ratio, state_line, untrustworthy_warning,
+                                   variant_pairs)
 from harness.errors import UserError
 from harness.analyses.matrix import PresetRow, report_markdown
 from results_factory import machine_state, make_result, write_results
@@ -114,6 +115,28 @@ def test_one_file_compares_each_variant_with_its_baseline_paired() -> None:
     assert all(p.paired for p in pairs)
 
 
+def test_an_interleaved_file_compares_each_variant_with_its_first_the_reference() -> None:
+    """``run --variant fused_adam,baseline,sync_free`` writes the reference first: every other variant is
+    compared with it; runs measured one after another keep baseline as theirs."""
+    runs = [make_result("fused_adam"), make_result("baseline"), make_result("sync_free")]
+    assert [(p.base.variant, p.cand.variant) for p in variant_pairs(runs)] == [("fused_adam", "baseline"),
+                                                                              ("fused_adam", "sync_free")]
+    for run in runs:
+        run.config["interleaved"] = False  # measure() blocks
+    assert [(p.base.variant, p.cand.variant) for p in variant_pairs(runs)] == [("baseline", "fused_adam"),
+                                                                              ("baseline", "sync_free")]
+
+
+def test_a_reference_that_took_no_update_gives_no_updates_ratio_not_a_crash() -> None:
+    base, cand = make_result("baseline"), make_result("fused_adam")
+    base.metrics["updates_per_sec"] = {"median": 0.0, "min": 0.0, "max": 0.0, "samples": [0.0, 0.0, 0.0]}
+    pair = Pair(base, cand, True)
+    assert metric_ratio(pair, _metric("updates_per_sec")) is None
+    assert metric_ratio(pair, _metric("env_steps_per_sec")) is not None
+    base.metrics["updates_per_sec"] = None  # as the runner writes it (a result's rates are positive)
+    assert metric_ratio(pair, _metric("updates_per_sec")) is None
+
+
 def test_one_file_with_one_run_is_bad_input() -> None:
     with pytest.raises(UserError, match="nothing to compare"):
         variant_pairs([make_result("optimized")], "r.json")
@@ -187,6 +210,33 @@ def test_comparison_table_names_the_interval_method() -> None:
     assert [cell.strip() for cell in cpu_row] == ["cpu_seconds_per_1k_env_steps", "1.000 [1.000-1.000]",
                                                   "0.500 [0.500-0.500]", "0.50x [0.50-0.50]",
                                                   "better, confirmed (resolves +/-0.0 %)"]
+
+
+def _rendered(pair: Pair, **headers: str) -> str:
+    from rich.console import Console
+
+    console = Console(width=220, record=True)
+    console.print(comparison_table(pair, **headers))
+    return " ".join(console.export_text().split())
+
+
+def test_a_change_is_never_confirmed_when_a_run_compared_is_not_trustworthy() -> None:
+    up = paired_ratio([100.0] * 5, [125.0, 124.0, 126.0, 125.0, 125.0])
+    why = "run optimized is not trustworthy (repeats disagree)"
+    assert change(up, True, why) == f"better, not confirmed: {why}"
+    trusted, untrusted = make_result("baseline", [1000.0] * 3), make_result("optimized", [2000.0] * 3,
+                                                                           untrustworthy=["repeats disagree"])
+    text = _rendered(Pair(trusted, untrusted, True))
+    assert "confirmed (" not in text and "better, not confirmed: run optimized not trustworthy" in text
+    assert "Not confirmed: run optimized is not trustworthy (repeats disagree)." in text
+    two_files = _rendered(Pair(make_result("optimized", [1000.0] * 3, untrustworthy=["load"]),
+                               make_result("optimized", [2000.0] * 3), False),
+                          base_header="A: a.json (optimized)", cand_header="B: b.json (optimized)")
+    assert "better, not confirmed: run A (optimized) not trustworthy" in two_files and "confirmed (" not in two_files
+    line = env_rate_line(Pair(trusted, untrusted, True))
+    assert line == f"ratio optimized/baseline: env_steps_per_sec 2.00x [2.00-2.00], better, not confirmed: {why}"
+    assert env_rate_line(Pair(trusted, make_result("optimized", [2000.0] * 3), True)).endswith("better, confirmed "
+                                                                                              "(resolves +/-0.0 %)")
 
 
 # --------------------------------------------------------------------------- machine state and quality of each run

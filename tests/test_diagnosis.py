@@ -228,20 +228,19 @@ def test_cuda_sync_debug_mode_reports_syncs_at_the_users_line() -> None:
     assert torch.cuda.get_sync_debug_mode() == before
 
 
-def test_a_recommendations_effect_is_a_measured_figure_for_this_kind_of_device_or_says_there_is_none(
-        tmp_path: Path) -> None:
-    from harness.diagnosis.recommendations import effect_of, reference_figures
+def test_a_recommendations_effect_is_the_reference_trainers_figure_read_from_the_data_file(
+        planted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The figures come from the packaged data file ablate writes (never a docs page), labelled as the reference
+    trainers'; a rule without a flag says there is no figure."""
+    from harness.diagnosis import recommendations
 
-    doc = tmp_path / "analysis.md"
-    doc.write_text("Measured 2026-01-02 on a 2-core Test (x86-64) CPU, torch 2.13.0+cpu\n\n`ppo-cartpole`:\n\n"
-                   "| rank | flag | value | alone | stack | verdict |\n|---|---|---|---|---|---|\n"
-                   "| 1 | `batch_inference` | False -> True | 2.50x [2.40-2.60] | 1.20x [1.1-1.3] | helps |\n")
-    figures = reference_figures(doc)
-    assert "2.50x [2.40-2.60]" in effect_of("batch_inference", "cpu", figures)
-    assert "measured 2026-01-02 on a 2-core Test (x86-64) CPU" in effect_of("batch_inference", "cpu", figures)
-    assert effect_of("batch_inference", "cuda:0", figures).startswith("no figure")
-    assert effect_of("optimizer_impl", "cpu", figures).startswith("no figure")
-    assert effect_of(None, "cpu", figures).startswith("no speed figure")
+    code, d = _diagnose(capsys, str(planted), "--variant", "baseline")
+    assert code == 0
+    effects = {r["rule"]: r["effect"] for r in d["recommendations"]}
+    assert effects["float64"].startswith("no speed figure")
+    assert effects["per_env_inference"].startswith("reference trainers' figure")
+    assert "docs/analysis.md" not in " ".join(effects.values())
+    assert not hasattr(recommendations, "ANALYSIS_DOC")
 
 
 def _line(text: str) -> int:

@@ -31,6 +31,7 @@ TOY = textwrap.dedent('''
             self.fail_at = config.get("fail_at")
             self.swallow_signal_at = config.get("swallow_signal_at")
             self.returns = config.get("returns", "int")
+            self.frozen = config.get("frozen", False)
             self.probe = probe
             self.device = device
             torch.manual_seed(seed)
@@ -54,7 +55,8 @@ TOY = textwrap.dedent('''
                     loss = loss.double().float()
                 self.opt.zero_grad()
                 loss.backward()
-                self.opt.step()
+                if not self.frozen:
+                    self.opt.step()
             if self.fail_at is not None and self.calls >= self.fail_at:
                 raise RuntimeError("the simulator lost its connection")
             if self.swallow_signal_at == self.calls:
@@ -99,6 +101,12 @@ TOY = textwrap.dedent('''
 
     def make_and_fail(config, *, device, seed):
         raise ValueError("no licence for the simulator")
+
+    def make_from_cfg(cfg):
+        return Toy(cfg, "cpu", 1)
+
+    def make_and_raise_type_error(config, *, device, seed):
+        raise TypeError("the simulator wants a list of ports")
 ''')
 
 BENCH = textwrap.dedent('''
@@ -228,6 +236,13 @@ BAD = {
     "missing module": (["--trainer", "no_such_module_xyz:make"], "no module named 'no_such_module_xyz'"),
     "missing attribute": (["--trainer", "toy_own:absent"], "has no attribute 'absent'"),
     "not callable": (["--trainer", "toy_own:NOT_A_FACTORY"], "not callable"),
+    "no colon, with a settings file": (["--trainer", "toy_own", "--config", "bench.yaml"],
+                                       "--trainer toy_own: expected MODULE:ATTRIBUTE (e.g. toy_own:make_trainer)"),
+    "factory without device and seed": (["--trainer", "toy_own:make_from_cfg"],
+                                        "expected a factory make_trainer(config: dict, *, device: str, seed: int); "
+                                        "make_from_cfg(cfg) cannot be called so"),
+    "unknown variant": (["bench.yaml", "--variant", "baseline,fast"],
+                        "--variant baseline,fast: bench defines no variant 'fast'; defined: baseline, optimized"),
     "no iterate": (["--trainer", "toy_own:make_nothing"], "no iterate() or close()"),
     "iterate returns text": (["--trainer", "toy_own:make_trainer", "--set", "returns=text"], "iterate() returned 'many'"),
     "bad run key": (["--trainer", "toy_own:make_trainer", "--set", "run.stepz=3"], "run.stepz: unknown key"),
@@ -254,10 +269,92 @@ def test_a_factory_that_raises_is_a_failed_run_naming_the_trainer(project: Path,
     assert code == 1 and "ValueError: no licence for the simulator" in err and "toy_own:make_and_fail" in err
 
 
+def test_a_type_error_inside_the_factory_is_the_trainers_failure_not_its_signature(project: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "run", "--trainer", "toy_own:make_and_raise_type_error", *RUN)
+    assert code == 1 and "TypeError: the simulator wants a list of ports" in err and "make_trainer(config" not in err
+
+
+@pytest.mark.parametrize("trainer, needle", [
+    ("toy_own", "bad.yaml: trainer: toy_own: expected MODULE:ATTRIBUTE (e.g. toy_own:make_trainer)"),
+    ("no_such_module_xyz:make", "bad.yaml: trainer: no_such_module_xyz:make: no module named 'no_such_module_xyz'"),
+])
+def test_a_bad_trainer_key_in_a_file_is_blamed_on_the_files_trainer_key(project: Path, capsys, trainer: str,
+                                                                       needle: str) -> None:
+    (project / "bad.yaml").write_text(f"trainer: {trainer}\nconfig: {{n: 8}}\n")
+    code, _, err = run_cli(capsys, "run", "bad.yaml")
+    assert code == 2 and err.count("\n") == 1 and needle in err and "--trainer" not in err
+
+
 def test_a_trainer_file_with_an_unknown_top_level_key_is_refused(project: Path, capsys) -> None:
     (project / "bad.yaml").write_text("trainer: toy_own:make_trainer\nsteps: 3\n")
     code, _, err = run_cli(capsys, "run", "bad.yaml")
     assert code == 2 and "unknown top-level key 'steps'" in err
+
+
+BENCH3 = BENCH.replace("  optimized: {n: 64, threads: 1}\n", "  optimized: {n: 64, threads: 1}\n  fused_adam: {n: 48}\n")
+"""A user's file with a variant of its own beside baseline and optimized."""
+
+
+def test_run_measures_a_list_of_the_users_variants_interleaved_the_first_as_reference(project: Path, capsys) -> None:
+    (project / "bench3.yaml").write_text(BENCH3)
+    code, out, err = run_cli(capsys, "run", "bench3.yaml", "--variant", "fused_adam,baseline", "--out", "r.json",
+                             "--quiet")
+    assert code == 0, err
+    assert [r["variant"] for r in runs_of(project / "r.json")] == ["fused_adam", "baseline"]
+    assert "ratio baseline/fused_adam" in out and "also defines" not in err
+    code, out, err = run_cli(capsys, "compare", "r.json")
+    assert code == 0, err
+    assert "bench3: baseline vs fused_adam" in out
+
+
+def test_run_all_measures_every_variant_and_gives_each_against_the_reference(project: Path, capsys) -> None:
+    (project / "bench3.yaml").write_text(BENCH3)
+    code, out, err = run_cli(capsys, "run", "bench3.yaml", "--variant", "all", "--out", "r.json", "--quiet")
+    assert code == 0, err
+    runs = runs_of(project / "r.json")
+    assert [r["variant"] for r in runs] == ["baseline", "optimized", "fused_adam"]
+    assert runs[2]["config"]["config"] == {"n": 48}
+    assert "ratio optimized/baseline: env_steps_per_sec" in out and "ratio fused_adam/baseline: env_steps_per_sec" in out
+    code, out, err = run_cli(capsys, "compare", "r.json")
+    assert code == 0, err
+    assert "bench3: optimized vs baseline" in out and "bench3: fused_adam vs baseline" in out
+    code, out, err = run_cli(capsys, "gate", "--baseline", "r.json", "--candidate", "r.json", "--allow-untrustworthy")
+    assert code in (0, 1) and "fused_adam" in out, err
+
+
+def test_the_default_both_names_the_variants_it_leaves_out(project: Path, capsys) -> None:
+    (project / "bench3.yaml").write_text(BENCH3)
+    code, out, err = run_cli(capsys, "config", "bench3.yaml")
+    assert code == 0 and "# bench3 / fused_adam" not in out
+    note = ("rlgauge: note: bench3 also defines fused_adam: left out by config's --variant both (baseline and "
+            "optimized); select them with --variant all, or a list: --variant baseline,fused_adam")
+    assert err.strip() == note
+    code, out, err = run_cli(capsys, "config", "bench3.yaml", "--variant", "fused_adam,optimized")
+    assert code == 0 and err == ""
+    assert [line for line in out.splitlines() if line.startswith("# bench3")] == ["# bench3 / fused_adam",
+                                                                                  "# bench3 / optimized"]
+    code, _, err = run_cli(capsys, "run", "bench3.yaml", *RUN, "--out", "r.json")
+    assert code == 0 and "left out by run's --variant both" in err
+
+
+def test_gate_run_gates_each_listed_variant_against_the_first(project: Path, capsys) -> None:
+    (project / "bench3.yaml").write_text(BENCH3)
+    code, out, err = run_cli(capsys, "gate", "--run", "bench3.yaml", "--variant", "baseline,fused_adam,optimized",
+                             "--min-speedup", "0.01", "--allow-untrustworthy", *RUN)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "speedup fused_adam/baseline" in text and "speedup optimized/baseline" in text
+    code, _, err = run_cli(capsys, "gate", "--run", "bench3.yaml", "--variant", "fused_adam", *RUN)
+    assert code == 2 and "needs a preset with two variants or more" in err and "selects fused_adam only" in err
+
+
+def test_a_trainer_that_steps_no_optimizer_reports_no_update_rate_and_compares(project: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "run", "bench.yaml", "--set", "frozen=true", "--out", "r.json", "--quiet")
+    assert code == 0, err
+    assert {r["variant"]: r["metrics"]["updates_per_sec"] for r in runs_of(project / "r.json")} == {
+        "baseline": None, "optimized": None}
+    code, _, err = run_cli(capsys, "compare", "r.json")
+    assert code == 0, err
 
 
 def test_config_prints_the_users_settings_and_run(project: Path, capsys) -> None:

@@ -38,6 +38,18 @@ SCRIPT = textwrap.dedent('''
             opt.step()
             print("SPS:", update)
             yield 8
+
+    def dqn(config=None, *, device=None, seed=None):
+        """A DQN-style script as a generator with defaults: one env step per yield, an optimizer step every 10th."""
+        net = torch.nn.Linear(4, 2)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        for step in range(10**7):
+            if step % 10 == 9:
+                loss = net(torch.randn(8, 4)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            yield 1
 ''')
 FLOAT64_LINE = SCRIPT.splitlines().index("            r = torch.tensor(reward)") + 1
 RUN = ["--set", "run.steps=32", "--set", "run.warmup_steps=8", "--repeats", "3"]
@@ -79,6 +91,41 @@ def test_a_generator_that_runs_out_before_its_repeats_is_a_failure_naming_it(
     assert code == 1 and "TrainerExhausted: your trainer script:train ran out of iterations" in err
 
 
+def test_updates_are_the_optimizer_steps_a_generator_takes_not_its_yields(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "--trainer", "script:dqn", "--set", "run.steps=200", "--set", "run.warmup_steps=10",
+                 "--repeats", "3", "--out", "r.json", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    (run,) = json.loads((project / "r.json").read_text())["runs"]
+    env, updates = run["metrics"]["env_steps_per_sec"]["samples"], run["metrics"]["updates_per_sec"]["samples"]
+    assert updates == pytest.approx([rate / 10 for rate in env], rel=1e-9)  # 20 optimizer steps in each 200 env steps
+
+
+def test_the_optimizer_step_hook_lives_as_long_as_the_trainer(project: Path) -> None:
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    from harness.specs.own_trainer import OwnConfig, OwnTrainer, load_factory
+
+    before = len(_global_optimizer_post_hooks)
+    trainer = OwnTrainer(load_factory("script:dqn"), OwnConfig("script:dqn", {}), "cpu", None)
+    assert len(_global_optimizer_post_hooks) == before + 1
+    assert [trainer.iterate().updates for _ in range(10)] == [0] * 9 + [1]
+    trainer.close()
+    assert len(_global_optimizer_post_hooks) == before
+
+
+def test_the_unstable_line_says_what_to_change_where_float64_enters() -> None:
+    from harness.measurement.sentinels import instability
+
+    line = instability({"float64_ops": 512, "float64_first_site": "aten.lift_fresh.default at /x/ppo.py:207"})
+    assert line == ("float64_ops=512: float64 enters at /x/ppo.py:207 (aten.lift_fresh.default): make it float32 there "
+                    "(dtype=torch.float32 where the tensor is made, or .astype(np.float32))")
+    assert "drop the .double() / .to(torch.float64)" in instability(
+        {"float64_ops": 3, "float64_first_site": "aten._to_copy.default at t.py:9"})
+    assert instability({"float64_ops": 0, "nonfinite_events": 2}).startswith(
+        "nonfinite_events=2: a loss or gradient went NaN/inf")
+
+
 def test_threads_set_inside_iterate_are_kept_and_warned_about(project: Path, capsys: pytest.CaptureFixture[str],
                                                               caplog: pytest.LogCaptureFixture) -> None:
     import torch
@@ -115,7 +162,8 @@ def test_an_unstable_run_names_its_first_float64_line_in_run_compare_and_gate(
     for out in ("a.json", "b.json"):
         assert main(["run", "--trainer", "script:train", "--config", str(config), *RUN, "--out", out, "--quiet"]) == 1
         err = capsys.readouterr().err
-        assert f"first: aten.lift_fresh.default at {project / 'script.py'}:{FLOAT64_LINE}" in err
+        site = f"{project / 'script.py'}:{FLOAT64_LINE}"
+        assert f"float64 enters at {site} (aten.lift_fresh.default): make it float32 there (dtype=torch.float32" in err
     assert main(["compare", "a.json", "b.json"]) == 0
     compared = " ".join(capsys.readouterr().out.split())
     assert "confirmed" not in compared and "no verdict" in compared
@@ -162,6 +210,6 @@ def test_measure_start_stop_needs_no_reindenting_and_prints_its_status(project: 
         done = subprocess.run([sys.executable, "loop.py", *argv], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "rlgauge: measure loop (config): unstable" in done.stderr
-        assert f"first: aten.lift_fresh.default at {project / 'loop.py'}:6" in done.stderr
+        assert f"float64 enters at {project / 'loop.py'}:6 (aten.lift_fresh.default): make it float32" in done.stderr
         (run,) = json.loads((project / "m.json").read_text())["runs"]
         assert run["status"] == "unstable" and len(run["metrics"]["env_steps_per_sec"]["samples"]) == 5

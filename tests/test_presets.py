@@ -16,7 +16,8 @@ import yaml
 
 from conftest import TINY
 from harness.errors import UserError
-from harness.specs.presets import PRESET_DIR, VARIANTS, list_presets, load_preset, preset_names, specs_for
+from harness.specs.presets import (PRESET_DIR, VARIANTS, left_out, list_presets, load_preset, preset_names, specs_for,
+                                   variant_names)
 from harness.measurement.runner import run_variants
 from reference_trainers.envs.atari import register_atari_envs
 from reference_trainers.config.schema import ConfigError, OptimizationsConfig
@@ -190,6 +191,42 @@ def test_unknown_preset_is_a_user_error_with_a_suggestion() -> None:
         load_preset("ppo-cartpol")
     with pytest.raises(UserError, match="available: .*ppo-cartpole"):
         load_preset("zzz")
+
+
+def _preset_file(tmp_path: Path, variants: dict[str, Any]) -> str:
+    path = tmp_path / "three.yaml"
+    path.write_text(yaml.safe_dump({"description": "d", "config": {}, "variants": variants}, sort_keys=False),
+                    encoding="utf-8")
+    return str(path)
+
+
+def test_variant_selects_any_name_the_file_defines_a_list_all_or_both(tmp_path: Path) -> None:
+    path = _preset_file(tmp_path, {"baseline": {}, "optimized": {}, "fast": {"env": {"num_envs": 4}}})
+    assert [s.variant for s in specs_for(path, "fast,baseline", [])] == ["fast", "baseline"]  # the reference first
+    assert [s.variant for s in specs_for(path, "all", [])] == ["baseline", "optimized", "fast"]
+    assert [s.variant for s in specs_for(path, "both", [])] == ["baseline", "optimized"]
+    assert specs_for(path, "fast", [])[0].config.env.num_envs == 4
+    preset = load_preset(path)
+    assert left_out(preset, variant_names(preset, "both")) == ["fast"]
+    with pytest.raises(UserError, match=r"--variant baseline,slow: three defines no variant 'slow'; defined: "
+                                        r"baseline, optimized, fast; or both or all"):
+        specs_for(path, "baseline,slow", [])
+    with pytest.raises(UserError, match="fast is named twice"):
+        specs_for(path, "fast,fast", [])
+
+
+def test_all_puts_baseline_first_wherever_the_file_defines_it(tmp_path: Path) -> None:
+    preset = load_preset(_preset_file(tmp_path, {"fast": {}, "baseline": {}, "slow": {}}))
+    assert variant_names(preset, "all") == ["baseline", "fast", "slow"]
+
+
+def test_a_plain_config_file_is_one_run_named_config(tmp_path: Path) -> None:
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump({"algo": "ppo"}), encoding="utf-8")
+    for selection in ("both", "all", "config", "optimized"):
+        assert [s.variant for s in specs_for(str(path), selection, [])] == ["config"]
+    with pytest.raises(UserError, match="--variant fast: plain has no variants: section"):
+        specs_for(str(path), "fast", [])
 
 
 def test_variant_a_preset_does_not_have_is_a_user_error(tmp_path: Path) -> None:

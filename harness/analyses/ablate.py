@@ -413,6 +413,7 @@ def ablation_json(plan: AblationPlan, runs: list[RunResult], effects: list[FlagE
     return {
         "schema_version": 1, "preset": plan.preset, "device": plan.device, "interval": interval_text(runs),
         "machine": runs[0].machine if runs else {},
+        "started_at": runs[0].started_at if runs else None, "git": runs[0].git if runs else {},
         "steps": runs[0].config["run"]["steps"] if runs else None,
         "repeats": runs[0].config["run"]["repeats"] if runs else None,
         "overall": _ratio_json(overall(plan, runs)),
@@ -422,6 +423,6 @@ def ablation_json(plan: AblationPlan, runs: list[RunResult], effects: list[FlagE
                    "verdict_alone": verdict(e.alone), "verdict_in_stack": verdict(e.in_stack),
                    "significant": e.significant, "expected": e.expected} for e in effects],
         "not_applicable": plan.not_applicable, "skipped_arms": plan.skipped_arms,
-        "arms": {run.variant: {"set": plan.arms.get(run.variant, {}), "status": run.status,
+        "arms": {run.variant: {"set": plan.arms.get(run.variant, {}), "status": run.status, "quality": run.quality,
                                "env_steps_per_sec": run.metrics.get("env_steps_per_sec")} for run in runs},
     }

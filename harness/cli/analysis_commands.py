@@ -39,6 +39,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run_options(ablate, steps_default="8192 for ablate", repeats_default="5 for ablate")
     ablate.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: ablation-PRESET/)")
     ablate.add_argument("--quiet", action="store_true", help="no progress bar or optimisation summary")
+    ablate.add_argument("--effects", type=Path, metavar="FILE.json",
+                        help="also record each flag's measured speedup in this reference-effects data file, "
+                             "replacing its entries for the same preset, device kind and flag (a shipped preset "
+                             "only; rlgauge's own file, which 'rlgauge diagnose' quotes, is "
+                             "harness/diagnosis/reference_effects.json)")
 
     sweep = sub.add_parser("sweep", help="throughput across values of a config key (two --param: a grid), interleaved",
                            description="Measure throughput across the values of a config key (a second --param "
@@ -72,7 +77,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           help="the variant diagnosed (default: baseline, or a file's only variant)")
     run_options(diagnose, steps_default="4096 for diagnose", repeats_default="not used by diagnose")
     diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    diagnose.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile trial")
+    diagnose.add_argument("--compile-check", action="store_true",
+                          help="also try torch.compile on a tiny function on the device (seconds; off by default)")
+    diagnose.add_argument("--no-compile-check", dest="compile_check", action="store_false",
+                          help=argparse.SUPPRESS)  # the default now; still accepted
+    diagnose.set_defaults(compile_check=False)
 
     matrix = sub.add_parser("matrix", help="every preset, both variants: one Markdown + HTML report with charts",
                             description="Measure both variants of every preset (or of --presets), then write one "
@@ -189,6 +198,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         raise UserError("--flags: give at least one flag name, e.g. --flags batch_inference,torch_threads")
     plan = ablate.plan_ablation(args.target, overrides, only)
     expected = ablate.parse_expectations(args.expect, plan)
+    if args.effects is not None:
+        _check_effects_target(args)
     out = check_output_dir(args.out or Path(f"ablation-{plan.preset}"),
                            files=("runs.json", "ablation.json", "ablation.png"))
     specs = ablate.arm_specs(plan, args.target, overrides)
@@ -202,11 +213,31 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         return stopped
     effects = ablate.flag_effects(plan, runs, expected)
     print(ablate.markdown_table(plan, runs, effects))
-    write_text_atomically(out / "ablation.json", json.dumps(ablate.ablation_json(plan, runs, effects), indent=2) + "\n")
+    data = ablate.ablation_json(plan, runs, effects)
+    write_text_atomically(out / "ablation.json", json.dumps(data, indent=2) + "\n")
     ablation_chart(out / "ablation.png", f"{plan.preset} on {plan.device}: speedup per flag",
                    [e.name for e in effects], [e.alone for e in effects], [e.in_stack for e in effects])
     say(f"ablation written to {out}/ (ablation.json, ablation.png, runs.json)")
+    if args.effects is not None:
+        from harness.diagnosis import reference_effects
+
+        entries = reference_effects.entries_from_ablation(data, user_overrides(args))
+        added, replaced = reference_effects.record_effects(args.effects, entries)
+        say(f"reference effects: {added} added, {replaced} replaced in {args.effects} ({plan.preset} on "
+            f"{reference_effects.device_kind(plan.device)})")
     return status_code(runs)
+
+
+def _check_effects_target(args: argparse.Namespace) -> None:
+    """``ablate --effects``: a shipped preset (the figures are the reference trainers') and a file that
+    reads as reference effects and may be written, both checked before anything is measured."""
+    from harness.diagnosis.reference_effects import check_effects_file
+    from harness.specs.presets import load_preset, preset_names
+
+    if args.target not in preset_names() or load_preset(args.target).trainer is not None:
+        raise UserError(f"--effects: records the figures of rlgauge's own trainers on a shipped preset "
+                        f"(see 'rlgauge presets'); {args.target!r} is not one")
+    check_effects_file(args.effects)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -257,7 +288,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     spec, target = _diagnose_spec(args)
     (resolution,) = resolve_specs([spec])
     text = not args.json
-    env_report = environment_report(compile_device=resolution.device.type, check_compile=not args.no_compile_check)
+    env_report = environment_report(compile_device=resolution.device.type, check_compile=args.compile_check)
     if text:
         print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
     try:

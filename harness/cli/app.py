@@ -24,6 +24,7 @@ from rich.console import Console
 from reference_trainers.config.schema import ConfigError, to_plain_dict
 
 from harness.cli import analysis_commands as analysis
+from harness.cli import try_command
 from harness.cli.options import (DEBUG_ENV, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED,
                           DEVICE_HELP, EXIT_OK, VersionAction, add_debug_option, debug_from_env, run_options,
                           user_overrides)
@@ -31,7 +32,8 @@ from harness.analyses.gate_outcome import GateVerdict, Outcome, verdict_of
 from harness.errors import NoVerdict, UserError
 from harness.specs.own_trainer import OwnConfig
 from harness.measurement.interrupts import stop_on_signals
-from harness.specs.presets import VARIANTS, VariantSpec, list_presets, listing_lines, specs_for
+from harness.specs.presets import (Preset, VariantSpec, left_out, list_presets, listing_lines, load_preset, specs_for,
+                                   specs_of, variant_names)
 from harness.stats.compare import Pair, comparison_table
 from harness.analyses.devices import device_list
 from harness.report.tables import results_table
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 
 TARGET_HELP = "a preset name (see 'rlgauge presets') or a YAML config file"
+VARIANT_HELP = ("the variants {what}: one the file defines, a comma list of them (e.g. baseline,fused_adam: interleaved "
+                "in one process, each compared with the first), all, or both (baseline and optimized; the default)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "the current folder or PYTHONPATH (docs/own-trainer.md)")
     run.add_argument("--config", type=Path, metavar="FILE.yaml",
                      help="with --trainer: its settings (config:, variants:, run:), or a plain mapping of them")
-    run.add_argument("--variant", choices=[*VARIANTS, "both"], default="both",
-                     help="measure one variant only (default: both)")
+    run.add_argument("--variant", default="both", metavar="NAME[,NAME...]|all|both",
+                     help=VARIANT_HELP.format(what="measured"))
     run_options(run, device_help=DEVICE_HELP + "; or a list, e.g. cpu,cuda: the variants measured on each device, "
                                                "interleaved, with their ratio")
     run.add_argument("--out", type=Path, metavar="RESULT.json", help="write the results here (atomically)")
@@ -95,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "every key with its resolved value and why each 'auto' resolved as it "
                                         "did. Nothing runs.")
     config.add_argument("target", metavar="PRESET|FILE.yaml", help=TARGET_HELP)
-    config.add_argument("--variant", choices=[*VARIANTS, "both"], default="both",
-                        help="print one variant only (default: both)")
+    config.add_argument("--variant", default="both", metavar="NAME[,NAME...]|all|both",
+                        help=VARIANT_HELP.format(what="printed"))
     run_options(config)
 
     compare = sub.add_parser("compare", help="two result files side by side (or a file's variants), ratios with CIs",
@@ -115,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--max-slowdown", type=float, metavar="PCT", help="tolerated throughput loss in %% (with --baseline)")
     gate.add_argument("--run", metavar="PRESET|FILE.yaml", help="measure both variants interleaved in this process")
     gate.add_argument("--min-speedup", type=float, metavar="X", help="minimum optimized/baseline speedup (with --run)")
+    gate.add_argument("--variant", metavar="NAME[,NAME...]|all|both",
+                      help="with --run: the variants measured, as run's --variant (default: both); each is gated "
+                           "against the first")
     gate.add_argument("--base", metavar="REF",
                       help="measure the optimized variant of git REF and of this checkout in alternating processes "
                            "(--run PRESET, default ppo-cartpole); exit 1 on a confirmed slowdown beyond --max-slowdown")
@@ -140,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--runs-md", type=Path, default=Path("RUNS.md"), metavar="PATH",
                         help="the file to append to (default: RUNS.md in the current folder)")
     analysis.add_parsers(sub)
+    try_command.add_parser(sub)
     for command in sub.choices.values():
         add_debug_option(command, top_level=False)  # 'rlgauge run ... --debug' works too
     return parser
@@ -273,7 +281,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.measurement.runner import resolve_specs
 
     devices = device_list(args.device)  # --device cpu,cuda: the variants on each device, interleaved
-    specs = _run_specs(args) if devices is None else _device_specs(args, devices)
+    preset = _run_preset(args)
+    specs = specs_of(preset, args.variant, user_overrides(args)) if devices is None else _device_specs(args, devices)
+    _note_left_out(preset, args.variant, "run")
     resolutions = resolve_specs(specs)  # every flag checked before anything runs
     own = isinstance(specs[0].config, OwnConfig)
     if devices is not None and any(getattr(r.config, "distributed", None) and r.config.distributed.enabled
@@ -309,6 +319,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.specs.peers.tables import peer_table
 
         _console().print(peer_table(results, args.peer))
+    if devices is None and args.peer is None and len(results) > 2 and main_process and not interrupted:
+        _print_reference_ratios(results)
     if interrupted:
         return EXIT_INTERRUPTED
     bad = [r for r in results if r.status != "ok"]
@@ -335,7 +347,12 @@ def _device_specs(args: argparse.Namespace, devices: list[str]) -> list[VariantS
 
 def _run_specs(args: argparse.Namespace) -> list[VariantSpec]:
     """``run``'s specs: a preset or file, or ``--trainer`` (with ``--config``)."""
-    from harness.specs.presets import own_trainer_preset, specs_of
+    return specs_of(_run_preset(args), args.variant, user_overrides(args))
+
+
+def _run_preset(args: argparse.Namespace) -> Preset:
+    """What ``run`` measures: a preset or file, or ``--trainer`` (with ``--config``)."""
+    from harness.specs.presets import own_trainer_preset
 
     if args.trainer is None:
         if args.config is not None:
@@ -343,11 +360,32 @@ def _run_specs(args: argparse.Namespace) -> list[VariantSpec]:
         if args.target is None:
             raise UserError("run: the argument PRESET|FILE.yaml is required (see 'rlgauge presets'), or --trainer "
                             "MODULE:ATTRIBUTE")
-        return specs_for(args.target, args.variant, user_overrides(args))
+        return load_preset(args.target)
     if args.target is not None:
         raise UserError(f"run: with --trainer, give the settings file as --config {args.target} (not as a positional "
                         "argument)")
-    return specs_of(own_trainer_preset(args.trainer, args.config), args.variant, user_overrides(args))
+    return own_trainer_preset(args.trainer, args.config)
+
+
+def _note_left_out(preset: Preset, selection: str, command: str) -> None:
+    """One stderr line when ``--variant both`` (the default) leaves out variants the file defines:
+    they are never dropped silently. ``command``: ``run``, ``config`` or ``gate --run``."""
+    if selection != "both":
+        return
+    names = variant_names(preset, selection)
+    others = left_out(preset, names)
+    if others:
+        print(f"rlgauge: note: {preset.name} also defines {', '.join(others)}: left out by {command}'s --variant both "
+              f"({' and '.join(names)}); select them with --variant all, or a list: --variant "
+              f"{','.join([names[0], *others])}", file=sys.stderr)
+
+
+def _print_reference_ratios(results: list) -> None:
+    """Three or more variants: each one's env-step rate against the first (the reference), with its verdict."""
+    from harness.stats.compare import env_rate_line, variant_pairs
+
+    for pair in variant_pairs(results):
+        print(env_rate_line(pair))
 
 
 def _peer_spec(args: argparse.Namespace) -> VariantSpec:
@@ -380,7 +418,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     from harness.measurement.runner import resolve_specs
 
     documents = []
-    specs = specs_for(args.target, args.variant, user_overrides(args))
+    preset = load_preset(args.target)
+    specs = specs_of(preset, args.variant, user_overrides(args))
+    _note_left_out(preset, args.variant, "config")
     for spec, resolution in zip(specs, resolve_specs(specs)):
         header = f"# {spec.preset} / {spec.variant}\n"
         reasons = "".join(f"# {key}: auto -> {why}\n" for key, why in resolution.reasons.items())
@@ -448,6 +488,7 @@ def _gate_files_mode(args: argparse.Namespace) -> bool:
     if files_mode == (args.run is not None):
         raise UserError("gate needs either --baseline A.json --candidate B.json, or --run PRESET (not both)")
     run_only = [flag for flag, given in (("--min-speedup", args.min_speedup is not None), ("--out", args.out),
+                                         ("--variant", args.variant),
                                          ("--set", args.overrides), ("--device", args.device), ("--steps", args.steps),
                                          ("--repeats", args.repeats), ("--seed", args.seed)) if given]
     if files_mode:
@@ -478,6 +519,8 @@ def _gate(args: argparse.Namespace) -> int:
     if args.base is not None:
         from harness.analyses.cross_commit import cmd_gate_base
 
+        if args.variant is not None:
+            raise UserError("gate: --variant applies to --run; --base measures the optimized variant")
         return cmd_gate_base(args)
     from harness.analyses.gate import check_quality, check_setup, checks_table, failed, gate_files, load_thresholds, underpowered
 
@@ -533,9 +576,14 @@ def _gate_run(args: argparse.Namespace, thresholds: Thresholds) -> tuple[list, l
     from harness.analyses.gate import check_spec_setup, gate_variants, no_power_message, remeasure_reason
     from harness.measurement.runner import resolve_specs
 
-    specs = specs_for(args.run, "both", user_overrides(args))
+    preset, selection = load_preset(args.run), args.variant or "both"
+    specs = specs_of(preset, selection, user_overrides(args))
+    _note_left_out(preset, selection, "gate --run")
     if len(specs) < 2:
-        raise UserError(f"gate --run {args.run}: needs a preset with a baseline and an optimized variant")
+        what = ("it has no variants: section (one run)" if preset.single else f"--variant {selection} selects "
+                f"{specs[0].variant} only (defined: {', '.join(preset.variants)}; accepted: --variant all, or a list)")
+        raise UserError(f"gate --run {args.run}: needs a preset with two variants or more, each gated against the "
+                        f"first; {what}")
     if not args.allow_config_mismatch:
         check_spec_setup(specs)  # variants differing in more than flags: refused before anything runs
     repeats = min(resolution.config.run.repeats for resolution in resolve_specs(specs))
@@ -572,7 +620,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
-            "gate": cmd_gate, "record": cmd_record, **analysis.COMMANDS}
+            "gate": cmd_gate, "record": cmd_record, **analysis.COMMANDS,
+            **try_command.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,73 +1,23 @@
 """The rules table: each finding of a diagnosis -> the optimisation that addresses it.
 
 A rule fires only on a finding (its evidence line quotes it). Each recommendation carries the
-effect rlgauge measured for the matching flag on a reference trainer on this kind of device
-(the ablation tables of ``docs/analysis.md``; "no figure" where it has none) and how to check
-it on the user's own trainer (a variant for the YAML and the ``rlgauge run`` that measures it).
+effect rlgauge measured for the matching flag on its reference trainers on this kind of device
+(``reference_effects``: the data file ``rlgauge ablate --effects`` writes, labelled as theirs;
+"no reference figure" where it has none) and how to check it on the user's own trainer (a
+variant for the YAML and the ``rlgauge run`` that measures it).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from harness.diagnosis.frames import short
+from harness.diagnosis.reference_effects import effect_of
 from harness.diagnosis.host_syncs import (
     BRANCH, CUDA_SYNC, DATA_DEPENDENT, DATA_SHAPE, DISTRIBUTION_CHECKS, HOST_COPY, ITEM, LOGGING, OPTIMIZER,
     PER_ENV_ACTING, TO_CPU)
-
-ANALYSIS_DOC = Path(__file__).resolve().parents[2] / "docs" / "analysis.md"
-_MEASURED = re.compile(r"^Measured (\d{4}-\d\d-\d\d)(.*)$")
-_PRESET = re.compile(r"^`([\w-]+)`:\s*$")
-_ROW = re.compile(r"^\| \d+ \| `(\w+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$")
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One ablation row: the flag's speedup alone on a reference preset."""
-
-    flag: str
-    preset: str
-    change: str
-    alone: str
-    date: str
-    machine: str
-
-    def line(self) -> str:
-        return (f"{self.flag} ({self.change.strip()}) alone on {self.preset}: {self.alone.strip()} "
-                f"(docs/analysis.md, measured {self.date}{self.machine})")
-
-
-def reference_figures(path: Path = ANALYSIS_DOC) -> list[Figure]:
-    """Every ablation row of ``path`` with its date, machine and preset (newest first, as the doc lists them)."""
-    if not path.exists():
-        return []
-    figures, date, machine, preset = [], "", "", ""
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if match := _MEASURED.match(line):
-            date, machine = match.group(1), match.group(2).split(",")[0].split(" at commit")[0]
-        elif match := _PRESET.match(line):
-            preset = match.group(1)
-        elif (match := _ROW.match(line)) and preset:
-            figures.append(Figure(match.group(1), preset, match.group(2), match.group(3), date, machine))
-    return figures
-
-
-def effect_of(flag: str | None, device: str, figures: list[Figure]) -> str:
-    """The measured effect of ``flag`` on this kind of device, or a plain statement that there is none."""
-    if flag is None:
-        return "no speed figure: rlgauge has no flag for this to measure on its trainers"
-    kind = device.split(":")[0]
-    seen: set[str] = set()
-    lines = []
-    for figure in figures:
-        on_kind = "CPU" in figure.machine if kind == "cpu" else kind.upper() in figure.machine.upper()
-        if figure.flag == flag and on_kind and figure.preset not in seen:
-            seen.add(figure.preset)
-            lines.append(figure.line())
-    return "; ".join(lines) if lines else f"no figure: rlgauge has not measured {flag} on a {kind} device"
 
 
 @dataclass(frozen=True)
@@ -264,9 +214,9 @@ RULES: list[Rule] = [
 ]
 
 
-def recommend(d: dict[str, Any], target: str, figures: list[Figure] | None = None) -> list[dict[str, str]]:
-    """Every rule whose finding shows, in table order, as ``{rule, change, why, evidence, effect, check}``."""
-    figures = reference_figures() if figures is None else figures
+def recommend(d: dict[str, Any], target: str, effects: Path | None = None) -> list[dict[str, str]]:
+    """Every rule whose finding shows, in table order, as ``{rule, change, why, evidence, effect, check}``;
+    ``effect`` quotes the reference trainers' figures from ``effects`` (the packaged file ``ablate`` writes)."""
     found = []
     for rule in RULES:
         evidence = rule.evidence(d)
@@ -276,7 +226,7 @@ def recommend(d: dict[str, Any], target: str, figures: list[Figure] | None = Non
         check = (f"rlgauge run {target} --variant {_flag_variant(flag)}" if d["kind"] == "preset" else
                  own_check(rule.variant, target, d["variant"]))
         found.append({"rule": rule.name, "change": rule.change, "why": rule.why, "evidence": evidence,
-                      "effect": effect_of(flag, d["device"], figures), "check": check})
+                      "effect": effect_of(flag, d["device"], effects), "check": check})
     return found
 
 

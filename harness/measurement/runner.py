@@ -431,7 +431,8 @@ def _result(live: _Live) -> RunResult:
     metrics_block = {
         "env_steps_per_sec": metrics.spread(rates) if measured else None,
         "agent_steps_per_sec": metrics.spread(live.agent_rates) if measured else None,
-        "updates_per_sec": metrics.spread(live.update_rates) if measured else None,
+        # a result's rates are positive: none where a timed repeat took no update (a trainer without torch.optim)
+        "updates_per_sec": metrics.spread(live.update_rates) if measured and min(live.update_rates) > 0 else None,
         "cpu_seconds_per_1k_env_steps": metrics.spread(live.cpu_per_1k) if live.cpu_per_1k else None,
         "inference_latency_ms": live.latency,
         "phase_seconds": live.probe.totals(),

@@ -83,15 +83,31 @@ class Float64Sentinel(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
+_FLOAT32_HINT = "make it float32 there (dtype=torch.float32 where the tensor is made, or .astype(np.float32))"
+_NONFINITE_HINT = ("a loss or gradient went NaN/inf: look for log(0), a division by zero or an exploding "
+                   "update (a lower learning rate, or clipping gradients, keeps it finite)")
+
+
+def float64_hint(site: str) -> str:
+    """Where float64 enters and what to change there, from a sentinel's first site (``OP at FILE:LINE``)."""
+    op, sep, where = site.partition(" at ")
+    if not sep:
+        return f"first: {site}"
+    change = ("make it float32 there (drop the .double() / .to(torch.float64), or cast with .float())"
+              if op == _CAST else _FLOAT32_HINT)
+    return f"float64 enters at {where} ({op}): {change}"
+
+
 def instability(stability: dict[str, Any]) -> str:
-    """One line: what made a run unstable and where (the first float64 op's ``file:line``)."""
+    """One line: what made a run unstable, where (the first float64 op's ``file:line``) and what to change."""
     parts = []
     if stability.get("float64_ops"):
         site = stability.get("float64_first_site")
-        parts.append(f"float64_ops={stability['float64_ops']}" + (f", first: {site}" if site else ""))
+        parts.append(f"float64_ops={stability['float64_ops']}" + (f": {float64_hint(site)}" if site else ""))
     if stability.get("nonfinite_events"):
         site = stability.get("nonfinite_first_site")
-        parts.append(f"nonfinite_events={stability['nonfinite_events']}" + (f", first: {site}" if site else ""))
+        parts.append(f"nonfinite_events={stability['nonfinite_events']}" + (f", first: {site}" if site else "")
+                     + f": {_NONFINITE_HINT}")
     if stability.get("sentinel_skipped"):
         parts.append(stability["sentinel_skipped"])
     return "; ".join(parts) or f"float64_ops={stability.get('float64_ops')} nonfinite_events=" \

@@ -6,7 +6,8 @@ A user's module provides a factory::
 
 ``config`` is the variant's merged ``config:`` section (plain YAML data, the user's own keys);
 the object returned has ``iterate() -> int`` (env steps it took, or an object with an
-``env_steps`` attribute) and ``close()``. Optional: ``mean_recent_return()``,
+``env_steps`` attribute, and optionally ``updates``: else the ``torch.optim`` steps taken in the
+call count as its updates) and ``close()``. Optional: ``mean_recent_return()``,
 ``state_dict()`` / ``load_state_dict()`` (checkpoints), and phase reporting through the probe the
 harness passes (a ``probe`` keyword of the factory, or a ``set_probe(probe)`` method):
 ``with probe.phase("env"): ...`` for env, inference, update, transfer, logging.
@@ -24,6 +25,7 @@ import importlib
 import inspect
 import logging
 import sys
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -38,7 +40,8 @@ log = logging.getLogger("rlgauge")
 
 ALGO = "custom"
 """The ``algo`` recorded for a user's trainer (results, RUNS.md)."""
-FACTORY_SIGNATURE = "make_trainer(config: dict, *, device: str, seed: int) -> an object with iterate() and close()"
+CALL_SIGNATURE = "make_trainer(config: dict, *, device: str, seed: int)"
+FACTORY_SIGNATURE = f"{CALL_SIGNATURE} -> an object with iterate() and close()"
 RESERVED = ("run", "device", "seed")
 """``--set`` keys that address rlgauge (``run.*``, ``device``, ``seed``); any other key is the user's
 (``config.KEY`` addresses a user key of the same name)."""
@@ -146,13 +149,23 @@ def _run_error(exc: Exception) -> ConfigError:
 
 # --------------------------------------------------------------------------- finding the factory
 
-def load_factory(text: str, search: list[Path] | None = None) -> Callable[..., Any]:
-    """Import ``MODULE:ATTRIBUTE`` (dotted attributes allowed) from the current folder, ``search``
-    folders or ``PYTHONPATH``; ``UserError`` naming what is wrong and what is expected."""
+def check_trainer_text(text: Any, origin: str = "--trainer") -> tuple[str, str]:
+    """``(module, attribute)`` of ``MODULE:ATTRIBUTE``; ``UserError`` blaming ``origin`` (``--trainer``,
+    or a file's ``trainer:`` key) for anything else."""
+    if not isinstance(text, str):
+        raise UserError(f"{origin} {text!r}: expected MODULE:ATTRIBUTE (e.g. my_pkg.train:make_trainer)")
     module_name, sep, attribute = text.partition(":")
     if not sep or not module_name or not attribute:
-        raise UserError(f"--trainer {text!r}: expected MODULE:ATTRIBUTE, e.g. my_pkg.train:make_trainer "
-                        f"(a factory {FACTORY_SIGNATURE})")
+        example = f"{module_name or text or 'my_pkg.train'}:make_trainer"
+        raise UserError(f"{origin} {text}: expected MODULE:ATTRIBUTE (e.g. {example})")
+    return module_name, attribute
+
+
+def load_factory(text: str, search: list[Path] | None = None, origin: str = "--trainer") -> Callable[..., Any]:
+    """Import ``MODULE:ATTRIBUTE`` (dotted attributes allowed) from the current folder, ``search``
+    folders or ``PYTHONPATH``; ``UserError`` naming ``origin``, what is wrong and what is expected."""
+    module_name, attribute = check_trainer_text(text, origin)
+    named = f"{origin} {text}"
     for folder in [Path.cwd(), *(search or [])]:
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
@@ -160,22 +173,46 @@ def load_factory(text: str, search: list[Path] | None = None) -> Callable[..., A
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise UserError(f"--trainer {text}: no module named {module_name!r} in the current folder, the config "
+            raise UserError(f"{named}: no module named {module_name!r} in the current folder, the config "
                             f"file's folder or PYTHONPATH; expected an importable module") from None
-        raise UserError(f"--trainer {text}: importing {module_name} failed: {exc}") from None
+        raise UserError(f"{named}: importing {module_name} failed: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import is bad input
-        raise UserError(f"--trainer {text}: importing {module_name} raised {type(exc).__name__}: "
+        raise UserError(f"{named}: importing {module_name} raised {type(exc).__name__}: "
                         f"{' '.join(str(exc).split())}") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise UserError(f"--trainer {text}: module {module_name} has no attribute {attribute!r}; expected a "
+            raise UserError(f"{named}: module {module_name} has no attribute {attribute!r}; expected a "
                             f"factory {FACTORY_SIGNATURE}")
         target = getattr(target, part)
     if not callable(target):
-        raise UserError(f"--trainer {text}: {attribute} is a {type(target).__name__}, not callable; expected a "
+        raise UserError(f"{named}: {attribute} is a {type(target).__name__}, not callable; expected a "
                         f"factory {FACTORY_SIGNATURE}")
+    check_signature(target, named)
     return target
+
+
+def _factory_kwargs(factory: Callable[..., Any], device: str, seed: int, probe: Any) -> dict[str, Any]:
+    """The keywords the factory is called with: ``device``, ``seed`` and ``probe`` where it takes one."""
+    kwargs: dict[str, Any] = {"device": device, "seed": seed}
+    if _takes_probe(factory):
+        kwargs["probe"] = probe
+    return kwargs
+
+
+def check_signature(factory: Callable[..., Any], named: str) -> None:
+    """Refuse (``UserError``) a factory that cannot be called as ``make_trainer(config, *, device, seed)``:
+    a wrong signature is bad input, not the trainer's failure (a ``TypeError`` raised inside its body is)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin, say): the call decides
+        return
+    try:
+        signature.bind({}, **_factory_kwargs(factory, "cpu", 1, None))
+    except TypeError as exc:
+        name = getattr(factory, "__name__", type(factory).__name__)
+        raise UserError(f"{named}: expected a factory {CALL_SIGNATURE}; {name}{signature} cannot be called so "
+                        f"({exc})") from None
 
 
 def _takes_probe(factory: Callable[..., Any]) -> bool:
@@ -210,16 +247,35 @@ class GeneratorTrainer:
         self.generator.close()
 
 
-def step_count(value: Any, label: str) -> tuple[int, int, int]:
+def step_count(value: Any, label: str, optimizer_steps: int = 1) -> tuple[int, int, int]:
     """``(env_steps, agent_steps, updates)`` from what ``iterate()`` returned: a positive int, or an
-    object with a positive int ``env_steps`` (``agent_steps`` and ``updates`` read where present)."""
+    object with a positive int ``env_steps`` (``agent_steps`` and ``updates`` read where present).
+    Without its own ``updates``, the call's updates are ``optimizer_steps``."""
     steps = getattr(value, "env_steps", value)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UserError(f"{label}: iterate() returned {_short(value)}; expected the env steps it took, a positive "
                         "int (or an object with a positive int env_steps)")
     agent = getattr(value, "agent_steps", steps)
-    updates = getattr(value, "updates", 1)
-    return steps, agent if isinstance(agent, int) and agent > 0 else steps, updates if isinstance(updates, int) else 1
+    updates = getattr(value, "updates", None)
+    own = isinstance(updates, int) and not isinstance(updates, bool) and updates >= 0
+    return steps, agent if isinstance(agent, int) and agent > 0 else steps, updates if own else optimizer_steps
+
+
+class OptimizerSteps:
+    """Counts ``torch.optim.Optimizer`` steps taken in this process while registered (torch's global
+    post-step hook: one Python call per step). ``remove()`` unregisters it."""
+
+    def __init__(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.count = 0
+        self._handle = register_optimizer_step_post_hook(self)
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.count += 1
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 def _short(value: Any) -> str:
@@ -241,9 +297,7 @@ class OwnTrainer:
 
         self.label, self.config = config.trainer, config
         dev.apply_threads(None)  # torch's default (capped under fair threads) unless the factory says otherwise
-        kwargs: dict[str, Any] = {"device": str(device), "seed": config.seed}
-        if _takes_probe(factory):
-            kwargs["probe"] = probe
+        kwargs = _factory_kwargs(factory, str(device), config.seed, probe)
         made = factory(deep_merge({}, config.settings), **kwargs)
         if inspect.isgenerator(made):
             made = GeneratorTrainer(made)
@@ -255,6 +309,8 @@ class OwnTrainer:
         if "probe" not in kwargs and callable(getattr(made, "set_probe", None)):
             made.set_probe(probe)
         self.inner = made
+        self.optimizer_steps = OptimizerSteps()  # the updates of a call whose result does not carry its own
+        self._unhook = weakref.finalize(self, self.optimizer_steps.remove)  # also if never closed
         self.torch_threads = torch.get_num_threads()
         self.env_steps = 0
         self.iterations = 0
@@ -272,6 +328,7 @@ class OwnTrainer:
         import torch
 
         self.activate()
+        self.optimizer_steps.count = 0
         try:
             done = self.inner.iterate()
         except StopIteration:
@@ -284,7 +341,7 @@ class OwnTrainer:
                             self.label, torch.get_num_threads(), self.torch_threads)
                 self.threads_warned = True
             self.torch_threads = torch.get_num_threads()
-        env_steps, agent_steps, updates = step_count(done, f"--trainer {self.label}")
+        env_steps, agent_steps, updates = step_count(done, f"--trainer {self.label}", self.optimizer_steps.count)
         self.env_steps += env_steps
         self.iterations += 1
         return IterationResult(env_steps=env_steps, agent_steps=agent_steps, updates=updates)
@@ -321,13 +378,17 @@ class OwnTrainer:
         self.env_steps, self.iterations = int(state["env_steps"]), int(state["iterations"])
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            self._unhook()
 
 
-def own_builder(factory_text: str, search: list[Path] | None = None) -> Callable[..., OwnTrainer]:
-    """``VariantSpec.build`` for a user's trainer: the factory is imported now (bad input fails
-    before anything runs), the trainer built when the runner asks."""
-    factory = load_factory(factory_text, search)
+def own_builder(factory_text: str, search: list[Path] | None = None,
+                origin: str = "--trainer") -> Callable[..., OwnTrainer]:
+    """``VariantSpec.build`` for a user's trainer: the factory is imported and its signature checked
+    now (bad input fails before anything runs, blaming ``origin``), the trainer built when the runner asks."""
+    factory = load_factory(factory_text, search, origin)
 
     def build(resolution: Any, probe: Any = None) -> OwnTrainer:
         return OwnTrainer(factory, resolution.config, resolution.device, probe)

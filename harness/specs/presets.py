@@ -55,6 +55,13 @@ class Preset:
     """The file's folder (a user's trainer module may sit beside it)."""
     on_device: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     """Device kind -> variant -> keys merged over the variant where the run's device is of that kind."""
+    trainer_origin: str = "--trainer"
+    """Where ``trainer`` was given, as messages blame it: ``--trainer`` or ``FILE: trainer:``."""
+
+    @property
+    def single(self) -> bool:
+        """A file without ``variants:``: one run, named ``config``."""
+        return list(self.variants) == ["config"]
 
     def variant_data(self, variant: str) -> dict[str, Any]:
         """The variant's config: ``optimized`` starts from the registry's optimised values, every other
@@ -76,16 +83,18 @@ OWN_TRAINER_KEYS = ("trainer", "description", "config", "variants", "run", "devi
 """Top-level keys of a user's trainer file (``trainer:`` names the factory)."""
 
 
-def _parse_own(name: str, data: dict[str, Any], source: Path, trainer: Any) -> Preset:
+def _parse_own(name: str, data: dict[str, Any], source: Path, trainer: Any, origin: str | None = None) -> Preset:
     """A user's trainer file: ``trainer``, ``description``, ``config`` (free-form, shared),
-    ``variants`` (each merged over ``config``), and rlgauge's ``run``, ``device``, ``seed``."""
+    ``variants`` (each merged over ``config``), and rlgauge's ``run``, ``device``, ``seed``.
+    ``origin``: where ``trainer`` was given (default: the file's ``trainer:`` key)."""
+    from harness.specs.own_trainer import check_trainer_text
+
     unknown = sorted(set(data) - set(OWN_TRAINER_KEYS))
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}; accepted beside trainer: "
                           f"{', '.join(OWN_TRAINER_KEYS[1:])} (your trainer's own keys go under config:)")
-    if not isinstance(trainer, str) or ":" not in trainer:
-        raise ConfigError(f"{source}: trainer: expected MODULE:ATTRIBUTE (e.g. my_pkg.train:make_trainer), "
-                          f"got {trainer!r}")
+    origin = origin or f"{source}: trainer:"
+    check_trainer_text(trainer, origin)
     shared = data.get("config") or {}
     variants = data.get("variants") or {"config": {}}
     if not isinstance(shared, dict):
@@ -94,7 +103,8 @@ def _parse_own(name: str, data: dict[str, Any], source: Path, trainer: Any) -> P
         raise ConfigError(f"{source}: variants must map variant names (e.g. {', '.join(VARIANTS)}) to mappings of "
                           "your trainer's settings")
     own = {key: data[key] for key in ("run", "device", "seed") if key in data}
-    return Preset(name, str(data.get("description", "")), shared, variants, trainer, own, source.parent.resolve())
+    return Preset(name, str(data.get("description", "")), shared, variants, trainer, own, source.parent.resolve(),
+                  trainer_origin=origin)
 
 
 def _parse(name: str, data: dict[str, Any], source: Path) -> Preset:
@@ -184,19 +194,52 @@ def listing_lines(presets: list[Preset], width: int | None = None) -> list[str]:
     return lines
 
 
+SELECTIONS = ("both", "all")
+"""``--variant`` words besides variant names: ``both`` (baseline and optimized), ``all`` (every variant)."""
+
+
+def variant_names(preset: Preset, selection: str) -> list[str]:
+    """The variants ``--variant`` selects, the reference first: ``both`` (baseline and optimized where
+    the file defines both; else baseline, or every variant), ``all`` (every variant, baseline first),
+    or one name or a comma list of them (the first named is the reference). A name the file does not
+    define is a ``UserError`` listing those it does; a file without variants runs its one, ``config``."""
+    defined = list(preset.variants)
+    if preset.single:
+        if selection in ("config", *SELECTIONS, *VARIANTS):  # baseline/optimized: sweep's and calibrate's default
+            return ["config"]
+        raise UserError(f"--variant {selection}: {preset.name} has no variants: section, so one run, named config; "
+                        f"accepted: config, {', '.join(SELECTIONS)}")
+    if selection == "both":
+        return [v for v in VARIANTS if v in defined] or defined
+    if selection == "all":
+        return sorted(defined, key=lambda name: name != "baseline")
+    names = [name.strip() for name in selection.split(",")]
+    accepted = (f"defined: {', '.join(defined)}; or {' or '.join(SELECTIONS)}, or a comma list such as "
+                f"{','.join(defined[:2])}")
+    if not all(names):
+        raise UserError(f"--variant {selection}: an empty name in the list; {accepted}")
+    unknown = [name for name in names if name not in defined]
+    if unknown:
+        raise UserError(f"--variant {selection}: {preset.name} defines no variant {unknown[0]!r}; {accepted}")
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise UserError(f"--variant {selection}: {twice} is named twice; {accepted}")
+    return names
+
+
+def left_out(preset: Preset, names: list[str]) -> list[str]:
+    """The variants a file defines that ``names`` leaves out (none for a file without variants)."""
+    return [] if preset.single else [name for name in preset.variants if name not in names]
+
+
 def specs_for(target: str, variant: str, overrides: list[str]) -> list[VariantSpec]:
-    """Validated specs for ``--variant baseline|optimized|both`` (a plain config file: its one run)."""
+    """Validated specs for ``--variant`` (``variant_names``; a plain config file: its one run)."""
     return specs_of(load_preset(target), variant, overrides)
 
 
 def specs_of(preset: Preset, variant: str, overrides: list[str]) -> list[VariantSpec]:
     """``specs_for`` of a loaded preset (a shipped one, a file, or ``own_trainer_preset``'s)."""
-    if "config" in preset.variants and len(preset.variants) == 1:
-        names = ["config"]
-    elif variant == "both":
-        names = [v for v in VARIANTS if v in preset.variants] or list(preset.variants)
-    else:
-        names = [variant]
+    names = variant_names(preset, variant)
     if preset.trainer is not None:
         return _own_specs(preset, names, overrides)
     return [VariantSpec(preset.name, name, _build_variant(preset, name, overrides)) for name in names]
@@ -218,14 +261,15 @@ def own_trainer_preset(trainer: str, config_file: Path | None) -> Preset:
     data = read_yaml(config_file)
     if not any(key in data for key in OWN_TRAINER_KEYS):  # a bare mapping of the user's settings
         data = {"config": data}
-    return _parse_own(config_file.stem, {**data, "trainer": trainer}, config_file, trainer)
+    return _parse_own(config_file.stem, {**data, "trainer": trainer}, config_file, trainer, "--trainer")
 
 
 def _own_specs(preset: Preset, names: list[str], overrides: list[str]) -> list[VariantSpec]:
     from harness.specs.own_trainer import build_own_config, own_builder
 
     assert preset.trainer is not None
-    build = own_builder(preset.trainer, [preset.folder] if preset.folder else None)  # imported now: fails fast
+    build = own_builder(preset.trainer, [preset.folder] if preset.folder else None,  # imported now: fails fast
+                        preset.trainer_origin)
     source = str(preset.folder / preset.name) if preset.folder else preset.name
     return [VariantSpec(preset.name, name, build_own_config(preset.trainer, {**preset.own, "config":
                                                                             preset.variant_data(name)},

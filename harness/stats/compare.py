@@ -19,12 +19,15 @@ memory) get a plain ratio and no interval.
 
 A verdict (better / worse, confirmed) needs ``power.MIN_REPEATS`` repeats behind its ratio
 and states its resolution (``power.resolution_note``); with fewer, ``change`` says "no
-verdict" and the caption calls the bracket what it is: the range of the ratios.
+verdict" and the caption calls the bracket what it is: the range of the ratios. A change between
+runs either of which is judged not trustworthy is never "confirmed": the verdict names the run and
+its reason instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import median
 from typing import Any, Callable
 
 from rich.markup import escape
@@ -71,12 +74,21 @@ def interleaved(run: RunResult) -> bool:
     return run.config.get("interleaved", True) is not False
 
 
+def reference(group: list[RunResult]) -> RunResult:
+    """The run a preset's other variants are compared with: the first of runs measured interleaved
+    (``rlgauge run`` writes the reference first: baseline, or the first of a ``--variant`` list);
+    of runs measured one after another (``measure`` blocks), its ``baseline``, else the first."""
+    if all(interleaved(r) for r in group):
+        return group[0]
+    return next((r for r in group if r.variant == "baseline"), group[0])
+
+
 def variant_pairs(runs: list[RunResult], source: str = "the result file") -> list[Pair]:
-    """Within one process's runs: each preset's other variants against its ``baseline`` (paired)."""
+    """Within one process's runs: each preset's other variants against its reference (paired)."""
     pairs: list[Pair] = []
     for preset in dict.fromkeys(r.preset for r in runs):
         group = [r for r in runs if r.preset == preset]
-        base = next((r for r in group if r.variant == "baseline"), group[0])
+        base = reference(group)
         pairs += [Pair(base, r, paired=interleaved(base) and interleaved(r)) for r in group if r is not base]
     if not pairs:
         raise UserError(f"{source} holds {_names(runs)}: nothing to compare within it; "
@@ -149,7 +161,7 @@ def metric_ratio(pair: Pair, metric: Metric, *, confidence: float = CONFIDENCE) 
         return None
     if metric.key in SAMPLED_METRICS:
         base, cand = rate_samples(pair.base, metric.key), rate_samples(pair.cand, metric.key)
-        if not base or not cand:
+        if not base or not cand or median(base) <= 0:  # no rate to divide by (0 updates/s)
             return None
         if pair.paired and len(base) == len(cand):
             return paired_ratio(base, cand, confidence=confidence)
@@ -160,18 +172,50 @@ def metric_ratio(pair: Pair, metric: Metric, *, confidence: float = CONFIDENCE) 
     return None
 
 
-def change(ratio: Ratio | None, higher_is_better: bool | None) -> str:
+def change(ratio: Ratio | None, higher_is_better: bool | None, distrust: str | None = None) -> str:
     """Plain words for a ratio with an interval: better / worse only when the whole interval says so,
-    with the resolution of the comparison; no verdict with fewer than ``power.MIN_REPEATS`` repeats."""
+    with the resolution of the comparison; no verdict with fewer than ``power.MIN_REPEATS`` repeats.
+    ``distrust`` (a run compared is not trustworthy, and why): never "confirmed", ``distrust`` instead."""
     if ratio is None or higher_is_better is None or ratio.method == "single":
         return ""  # one value per run: no interval, no verdict
     if not power.has_power(ratio.n):
         return power.no_verdict(ratio.n)
     if ratio.low > 1 or ratio.high < 1:
-        words = ("better" if (ratio.low > 1) == higher_is_better else "worse") + ", confirmed"
+        words = "better" if (ratio.low > 1) == higher_is_better else "worse"
+        if distrust:
+            return f"{words}, not confirmed: {distrust}"
+        words += ", confirmed"
     else:
         words = "no confirmed change"
     return f"{words} ({power.resolution_note(ratio)})"
+
+
+def untrusted_run(pair: Pair, base_label: str | None = None, cand_label: str | None = None) -> tuple[str, str] | None:
+    """``(label, first reason)`` of the first run of a pair judged not trustworthy, else None: what
+    stops the pair's changes being called confirmed."""
+    for run, label in ((pair.base, base_label), (pair.cand, cand_label)):
+        reasons = untrustworthy_reasons(run)
+        if reasons is not None:
+            return label or run.variant, reasons[0]
+    return None
+
+
+def distrust(pair: Pair) -> str | None:
+    """``run X is not trustworthy (first reason)`` where a run of the pair is not trustworthy, else None."""
+    untrusted = untrusted_run(pair)
+    return None if untrusted is None else f"run {untrusted[0]} is not trustworthy ({untrusted[1]})"
+
+
+def env_rate_line(pair: Pair, confidence: float = CONFIDENCE) -> str:
+    """``ratio CAND/BASE: env_steps_per_sec R [low-high], CHANGE``: one line per variant of a run of three or more."""
+    metric = METRICS[0]
+    ratio = metric_ratio(pair, metric, confidence=confidence)
+    if ratio is None:
+        return f"ratio {pair.cand.variant}/{pair.base.variant}: {metric.key} -"
+    unstable = [run.variant for run in (pair.base, pair.cand) if run.status == "unstable"]
+    words = (f"no verdict: {' and '.join(unstable)} unstable" if unstable
+             else change(ratio, metric.higher_is_better, distrust(pair)))
+    return f"ratio {pair.cand.variant}/{pair.base.variant}: {metric.key} {ratio.fmt()}" + (f", {words}" if words else "")
 
 
 def fmt_value(metric: Metric, run: RunResult) -> str:
@@ -221,6 +265,7 @@ def describe_method(pair: Pair, confidence: float = CONFIDENCE, n: int | None = 
 def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str | None = None,
                      base_header: str | None = None, cand_header: str | None = None) -> Table:
     """Metric rows: both values, ``cand / base`` with its interval, and what that means."""
+    untrusted = untrusted_run(pair, _run_label(base_header, pair.base), _run_label(cand_header, pair.cand))
     base_header = (base_header or pair.base.variant) + _status(pair.base)
     cand_header = (cand_header or pair.cand.variant) + _status(pair.cand)
     ratios = {m.key: metric_ratio(pair, m, confidence=confidence) for m in METRICS}
@@ -235,17 +280,26 @@ def comparison_table(pair: Pair, *, confidence: float = CONFIDENCE, title: str |
     table.add_column("ratio", justify="right")
     table.add_column("change", no_wrap=True)
     unstable = [run.variant for run in (pair.base, pair.cand) if run.status == "unstable"]
+    withheld = False
     for metric in METRICS:
         ratio = ratios[metric.key]
-        words = change(ratio, metric.higher_is_better)
+        words = change(ratio, metric.higher_is_better, untrusted and f"run {untrusted[0]} not trustworthy")
         if unstable and words and ratio is not None and ratio.method != "single":
             words = f"no verdict: {' and '.join(unstable)} unstable"  # a change between wrong computations
+        withheld = withheld or "not confirmed:" in words
         cells = (metric.key, fmt_value(metric, pair.base), fmt_value(metric, pair.cand),
                  "-" if ratio is None else ratio.fmt(), words)
         table.add_row(*(escape(c) for c in cells))
     stab = lambda r: f"{r.stability.get('float64_ops')} / {r.stability.get('nonfinite_events')}"  # noqa: E731
     table.add_row("float64_ops / nonfinite_events", stab(pair.base), stab(pair.cand), "", "")
+    if withheld and untrusted is not None:  # the cells stay short; the reason is said once, here
+        table.caption = f"{caption} Not confirmed: run {untrusted[0]} is not trustworthy ({untrusted[1]})."
     return table
+
+
+def _run_label(header: str | None, run: RunResult) -> str:
+    """A run as a verdict names it: ``A (optimized)`` under a file header ``A: a.json``, else its variant."""
+    return run.variant if header is None else f"{header.partition(':')[0]} ({run.variant})"
 
 
 def _status(run: RunResult) -> str:

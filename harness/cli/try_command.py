@@ -1,0 +1,142 @@
+"""``rlgauge try``: the parser and ``cmd_try``; the work is ``harness.trials``'s.
+
+Diagnoses the user's own trainer in this process, then tries each change the findings point to, each in
+fresh processes against the unchanged trainer (docs/try.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from harness.cli.options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from harness.errors import UserError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from harness.trials.catalogue import accepted
+    from harness.trials.parity import DEFAULT_ITERATIONS
+    from harness.trials.rounds import DEFAULT_ROUNDS
+
+    parser = sub.add_parser("try", help="try the changes a diagnosis points to on your own trainer, without editing "
+                            "it: each measured against it in fresh processes, with what it does to the maths",
+                            description="Diagnose your own trainer, then apply each change its findings point to "
+                                        "(runtime changes in the trainer's process; source changes on copies of "
+                                        "your files), measure each against the unchanged trainer in interleaved "
+                                        "rounds of fresh processes, compare the parameters after a few iterations "
+                                        "from the same seed, and combine those that were faster and kept the maths. "
+                                        "Your files are only read.")
+    parser.add_argument("target", nargs="?", default=None, metavar="FILE.yaml",
+                        help="a YAML file naming your trainer with trainer: (or --trainer)")
+    parser.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",
+                        help="your own trainer: a factory make_trainer(config, *, device, seed)")
+    parser.add_argument("--config", type=Path, metavar="FILE.yaml", help="with --trainer: its settings")
+    parser.add_argument("--variant", default=None, help="the variant tried (default: baseline, or the file's only one)")
+    parser.add_argument("--only", metavar="a,b,...", help=f"only these changes, whatever the diagnosis found "
+                        f"(accepted: {accepted()})")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"interleaved rounds, each arm once per round in a fresh process (default: {DEFAULT_ROUNDS})")
+    parser.add_argument("--parity-iterations", type=int, default=DEFAULT_ITERATIONS,
+                        help=f"iterate() calls before the parameters are compared (default: {DEFAULT_ITERATIONS})")
+    run_options(parser, steps_default="the file's run.steps; the diagnosis: 4096",
+                repeats_default="2 per arm in each round")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--patch", type=Path, metavar="OUT.diff",
+                        help="write the combination's changes as one unified diff (cd MODULE_FOLDER && patch -p1 < OUT.diff)")
+    parser.add_argument("--force", action="store_true", help="with --patch: replace an existing file")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _check_options(args: argparse.Namespace) -> list[str] | None:
+    """Everything a bad option can be caught by before anything runs; the ``--only`` names."""
+    from harness.results import check_writable
+    from harness.trials.plan import parse_only
+
+    only = parse_only(args.only)
+    if args.rounds < 2:
+        raise UserError(f"--rounds {args.rounds}: a verdict needs 2 rounds or more")
+    if args.parity_iterations < 1:
+        raise UserError(f"--parity-iterations {args.parity_iterations}: accepted: 1 or more")
+    if args.patch is not None:
+        if args.patch.exists() and not args.force:
+            raise UserError(f"--patch {args.patch}: the file exists; accepted: another path, or --force to replace it")
+        check_writable(args.patch, "--patch")
+    return only
+
+
+def _target(args: argparse.Namespace, spec: object) -> tuple:
+    """The arms' trainer (the file or --trainer, the diagnosed variant, the run options) and the factory's file."""
+    from harness.trials.arms import Target
+    from harness.trials.rounds import REPEATS
+
+    trainer_text = spec.config.trainer  # type: ignore[attr-defined]
+    module = sys.modules.get(trainer_text.partition(":")[0])
+    path = getattr(module, "__file__", None)
+    target = Target(str(Path(args.target).resolve()) if args.target else None, args.trainer,
+                    str(args.config.resolve()) if args.config else None, spec.variant,  # type: ignore[attr-defined]
+                    ([] if args.repeats is not None else [f"run.repeats={REPEATS}"]) + user_overrides(args),
+                    list(sys.path))
+    return target, (Path(path).resolve() if path else None, trainer_text.partition(":")[2])
+
+
+def cmd_try(args: argparse.Namespace) -> int:
+    from harness.analyses import diagnose
+    from harness.cli.analysis_commands import _diagnose_spec
+    from harness.measurement.runner import resolve_specs
+    from harness.specs.own_trainer import OwnConfig
+    from harness.trials import report as report_module
+    from harness.trials.plan import candidates
+    from harness.trials.session import run_try
+    from reference_trainers.state.atomic_file import write_text_atomically
+
+    only = _check_options(args)
+    if args.trainer is None and (args.target is None or not args.target.endswith((".yaml", ".yml"))):
+        raise UserError(f"try {args.target or ''}: expected your own trainer: FILE.yaml with trainer:, or --trainer "
+                        "MODULE:ATTRIBUTE (rlgauge's presets: rlgauge ablate)".replace("try :", "try:"))
+    spec, label = _diagnose_spec(args)
+    if not isinstance(spec.config, OwnConfig):
+        raise UserError(f"try {args.target}: the file names no trainer:; expected your own trainer (rlgauge's presets: "
+                        "rlgauge ablate)")
+    (resolution,) = resolve_specs([spec])
+    say = (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    say(f"try: diagnosing your trainer {spec.config.trainer} ({spec.variant}) on {resolution.device}")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's prints stay out of the table and --json
+            found = diagnose.diagnose(spec, resolution, label)
+    except diagnose.DiagnosisFailed as failed:
+        print(f"rlgauge: {failed}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    chosen = candidates(found, only)
+    say("try: candidates: " + (", ".join(c.change.name + (" (not tried)" if c.skip else "") for c in chosen)
+                               or "none (no finding points to a change this command makes)"))
+    target, factory = _target(args, spec)
+    result = run_try(target, label, str(resolution.device), chosen, factory, args.rounds, args.parity_iterations, say)
+    if args.json:
+        print(json.dumps(report_module.as_json(result), indent=2))
+    else:
+        print(report_module.table(result))
+    if result.failed:
+        print(f"rlgauge: try stopped: {result.failed}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    if result.interrupted:
+        print("rlgauge: interrupted; the trials above are those measured before it", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.patch is not None:
+        if result.patch:
+            write_text_atomically(args.patch, result.patch)
+            folder = factory[0].parent if factory[0] is not None else Path.cwd()
+            say(f"try: patch written to {args.patch} (apply it: cd {folder} && patch -p1 < {args.patch.resolve()})")
+        else:
+            say(f"try: no change was faster with the maths kept; {args.patch} not written")
+    failed = [t for t in result.trials if t.error is not None]
+    for trial in failed:
+        print(f"rlgauge: {trial.name} failed: {trial.error}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+COMMANDS = {"try": cmd_try}

@@ -1,0 +1,12 @@
+"""``rlgauge try``: the changes a diagnosis points to, each applied to a user's trainer without editing
+its code, measured against the unchanged trainer in fresh processes, and checked for what it does to
+the maths.
+
+- ``catalogue``: the changes (runtime or source), what each does to the maths, which finding selects it;
+- ``plan``: the candidates for one diagnosis (or ``--only``);
+- ``source_edits``: edits at the lines the diagnosis found, made on copies of the user's files;
+- ``runtime_patches``: the runtime changes, applied in the child process around the factory;
+- ``child`` / ``arms``: one arm in a fresh process (a timed run, or a parity run), and the parent's side;
+- ``parity``: parameters after N ``iterate()`` calls compared; ``rounds``: interleaved rounds and verdicts;
+- ``session``: the whole try; ``patch_file`` and ``report``: the diff, the table and the JSON.
+"""

@@ -1,0 +1,73 @@
+"""The changes ``rlgauge try`` knows: each changes one thing, says what it does to the maths, and names
+the diagnosis rules (``harness.diagnosis.recommendations``) whose finding selects it.
+
+A ``runtime`` change is applied in the trainer's own process around its factory (``runtime_patches``);
+a ``source`` change edits copies of the user's files at the lines the diagnosis found (``source_edits``).
+Changes of one ``group`` are alternatives: the combination keeps the fastest of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNTIME, SOURCE = "runtime", "source"
+
+
+@dataclass(frozen=True)
+class Change:
+    name: str
+    kind: str
+    """``runtime`` or ``source``."""
+    does: str
+    """What is changed, in one line."""
+    maths: str
+    """What it does to the maths, in one line."""
+    rules: tuple[str, ...] = ()
+    """The diagnosis rules whose finding selects it; none: only ``--only`` selects it."""
+    cuda_only: bool = False
+    group: str | None = None
+    code: tuple[str, ...] = ()
+    """Lines for the factory's first lines in ``--patch`` (``{torch}``: the module's name for torch)."""
+
+
+CHANGES: dict[str, Change] = {c.name: c for c in (
+    Change("no_change", RUNTIME, "nothing: an arm identical to the unchanged one (the A/A check of the noise)",
+           "none"),
+    Change("threads_1", RUNTIME, "torch.set_num_threads(1) after the factory",
+           "the same ops; a CPU reduction may be split differently, so the last bits may differ",
+           ("threads",), code=("{torch}.set_num_threads(1)",)),
+    Change("fused_optimizer", RUNTIME, "torch.optim optimizers built with fused=True (foreach=True where fused "
+           "does not run on the device or the class has none)",
+           "the same update rule in one kernel over all parameters; rounding may differ in the last bits",
+           ("forloop_optimizer",), group="optimizer"),
+    Change("foreach_optimizer", RUNTIME, "torch.optim optimizers built with foreach=True",
+           "the same update rule over lists of tensors; rounding may differ in the last bits", group="optimizer"),
+    Change("no_validate_args", RUNTIME, "torch.distributions.Distribution.set_default_validate_args(False) before "
+           "the factory", "none: the checks only raise on invalid arguments", ("distribution_checks",),
+           group="validate", code=("{torch}.distributions.Distribution.set_default_validate_args(False)",)),
+    Change("validate_args_off", SOURCE, "validate_args=False in the distribution built at the lines whose checks "
+           "sync", "none: the checks only raise on invalid arguments", ("distribution_checks",), group="validate"),
+    Change("float32_at_source", SOURCE, "dtype=torch.float32 (or .astype(np.float32)) where float64 enters",
+           "the values are rounded to float32 where they enter instead of a float64 tensor being cast later",
+           ("float64",)),
+    Change("no_grad_acting", SOURCE, "the acting forward at the line found, under torch.no_grad()",
+           "none: the same forward without recording its graph (a backward through it would raise)",
+           ("acting_builds_graph",)),
+    Change("compile_modules", RUNTIME, "every nn.Module the factory built, .compile()d once built",
+           "the same ops fused by the compiler; rounding may differ in the last bits", ("uncompiled_update",)),
+    Change("autocast_bf16", RUNTIME, "each iterate() under torch.autocast(device type, dtype=torch.bfloat16)",
+           "matmuls and convolutions in bfloat16 (8-bit mantissa): results change", ("cuda_update",)),
+    Change("matmul_precision", RUNTIME, "torch.set_float32_matmul_precision('high'): float32 matmuls in TF32",
+           "float32 matmuls with TF32's 10-bit mantissa: results change slightly", ("cuda_update",), cuda_only=True,
+           code=("{torch}.set_float32_matmul_precision('high')",)),
+    Change("cudnn_benchmark", RUNTIME, "torch.backends.cudnn.benchmark = True",
+           "cuDNN may pick other convolution algorithms: the last bits may differ", cuda_only=True,
+           code=("{torch}.backends.cudnn.benchmark = True",)),
+)}
+
+NAMES = tuple(CHANGES)
+
+
+def accepted() -> str:
+    """The names ``--only`` accepts, comma-separated."""
+    return ", ".join(NAMES)

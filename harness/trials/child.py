@@ -1,0 +1,140 @@
+"""One arm of a try in a fresh process: ``python -m harness.trials.child REQUEST.json``.
+
+The request (written by ``arms``) names the trainer (a YAML file, or ``--trainer`` with ``--config``), the
+variant, the run overrides, the runtime changes and the folder of patched copies. The folder goes first on
+``sys.path`` before the factory is imported, so the copies are imported in place of the user's files; the
+runtime changes are applied before and around the factory (``runtime_patches``). Then, by ``mode``:
+
+- ``measure``: the variant measured as ``rlgauge run`` measures it; the result's data is written back;
+- ``parity``: N ``iterate()`` calls from the seed, then the parameters of every module the factory built
+  are saved (``torch.save``) for ``parity`` to compare.
+
+The answer (``{"result"}`` / ``{"parity"}``, or ``{"error"}`` with one line) goes to the request's ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _arrange_path(search: list[str], patched: str | None) -> None:
+    """The parent's import folders (the user's), then the patched copies before all of them."""
+    for folder in reversed(search):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    if patched:
+        sys.path.insert(0, patched)
+
+
+def _spec(request: dict[str, Any]) -> Any:
+    from harness.specs.own_trainer import load_factory
+    from harness.specs.presets import load_preset, own_trainer_preset, specs_of
+    from harness.trials.runtime_patches import trial_factory
+
+    if request["trainer"]:
+        config = request["config"]
+        preset = own_trainer_preset(request["trainer"], Path(config) if config else None)
+    else:
+        preset = load_preset(request["target"])
+    (spec,) = specs_of(preset, request["variant"], request["overrides"])
+    factory = load_factory(preset.trainer, [preset.folder] if preset.folder else None, preset.trainer_origin)
+    wrapped = trial_factory(factory, request["changes"])
+
+    def build(resolution: Any, probe: Any = None) -> Any:
+        from harness.specs.own_trainer import OwnTrainer
+
+        return OwnTrainer(wrapped, resolution.config, resolution.device, probe)
+
+    spec.build = build
+    return spec
+
+
+def _measure(spec: Any) -> dict[str, Any]:
+    from harness.measurement.runner import run_variants
+
+    runs, interrupted = run_variants([spec], show_progress=False, say=lambda _text: None)
+    if interrupted:
+        raise KeyboardInterrupt
+    return {"result": runs[0].to_dict()}
+
+
+def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
+    """``iterations`` calls; the parameters when first built (after the factory, or a generator's first call)
+    and after the last call, saved for ``parity``."""
+    import torch
+
+    from harness.measurement.metrics import TimingProbe
+    from harness.measurement.runner import resolve_specs
+
+    (resolution,) = resolve_specs([spec])
+    trainer = spec.build(resolution, probe=TimingProbe())
+    try:
+        calls = 0
+        if not trainer.inner.modules:  # a generator builds them in its first call
+            trainer.iterate()
+            calls = 1
+        initial = _parameters(trainer.inner.modules)
+        for _ in range(calls, iterations):
+            trainer.iterate()
+        modules = trainer.inner.modules
+        final = _parameters(modules)
+    finally:
+        trainer.close()
+    torch.save({"initial": initial, "final": final}, params_out)
+    nonfinite = sum(int((~torch.isfinite(v)).sum()) for v in final.values() if v.is_floating_point())
+    return {"parity": {"modules": [type(m).__name__ for m in modules], "tensors": len(final), "nonfinite": nonfinite}}
+
+
+def _parameters(modules: list[Any]) -> dict[str, Any]:
+    import torch
+
+    return {f"{i}.{type(m).__name__}.{key}": value.detach().to("cpu", copy=True)
+            for i, m in enumerate(modules) for key, value in m.state_dict().items() if isinstance(value, torch.Tensor)}
+
+
+def run_request(request: dict[str, Any]) -> dict[str, Any]:
+    from harness.trials import runtime_patches
+
+    _arrange_path(request["sys_path"], request.get("patched_dir"))
+    runtime_patches.apply_process_changes(request["changes"])
+    spec = _spec(request)
+    if request["mode"] == "parity":
+        answer = _parity(spec, request["iterations"], request["params_out"])
+    else:
+        answer = _measure(spec)
+    answer["optimizers"] = dict(runtime_patches.implementations)
+    return answer
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    try:
+        answer = run_request(request)
+        code = 0
+    except KeyboardInterrupt:
+        answer, code = {"error": "interrupted"}, 130
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it as the trial's one-line cause
+        import traceback
+
+        traceback.print_exc()  # into the arm's log
+        answer, code = {"error": one_line(exc)}, 1
+    Path(request["out"]).write_text(json.dumps(answer), encoding="utf-8")
+    return code
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception in one line: bad input as its message, anything else with its type."""
+    from harness.errors import UserError
+    from reference_trainers.config.errors import ConfigError
+
+    message = " ".join(str(exc).split())
+    if isinstance(exc, (UserError, ConfigError)):
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

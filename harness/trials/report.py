@@ -1,0 +1,127 @@
+"""A try as a Markdown table (change, kind, where, effect, maths, verdict) and as ``--json`` data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.diagnosis.frames import short
+from harness.trials.catalogue import CHANGES
+from harness.trials.session import Trial, TryReport
+
+
+def _where(trial: Trial) -> str:
+    sites = [where for _, where in trial.edits] or trial.sites
+    if not sites:
+        return "-"
+    return short(sites[0]) + (f" (+{len(sites) - 1})" if len(sites) > 1 else "")
+
+
+def _effect(trial: Trial) -> str:
+    ratio = trial.effect.ratio() if trial.effect else None
+    if ratio is None:
+        return "-"
+    return f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]" + ("" if trial.effect.trustworthy else " *")
+
+
+def _maths(trial: Trial) -> str:
+    found = trial.parity
+    if found is None:
+        return "not checked"
+    if found.max_rel_diff is None or found.max_rel_diff == 0.0:
+        return found.cls
+    return f"{found.cls} (max rel diff {found.max_rel_diff:.2g})"
+
+
+def table(report: TryReport) -> str:
+    lines = [f"### Try: {report.target} ({report.variant}) on {report.device}", "",
+             "| change | kind | where | effect [95% interval] | maths | verdict |", "|---|---|---|---|---|---|"]
+    tried = [t for t in report.trials if t.skip is None]
+    for trial in tried:
+        lines.append(f"| {trial.name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
+                     f"{trial.verdict} |")
+    lines += ["", f"Effect: changed / unchanged env steps/s, the median of {report.rounds} interleaved rounds in fresh "
+              f"processes; maths: the parameters after {report.iterations} iterate() calls from the seed."]
+    measured = [t.effect for t in tried if t.effect and t.effect.runs]
+    bad = sum(e.untrustworthy_runs for e in measured)
+    if bad:
+        first = next(r for e in measured for r in e.reasons)
+        lines.append(f"* not trustworthy: {bad} of {sum(e.runs for e in measured)} runs (their quality verdict), "
+                     f"e.g. {first}")
+    lines += _notes(tried)
+    lines += ["", _combined_line(report)]
+    skipped = [t for t in report.trials if t.skip is not None]
+    if skipped:
+        lines += ["", "Not tried:"] + [f"- {t.name}: {t.skip}" for t in skipped]
+    refused = [(t.name, r) for t in tried for r in t.refused]
+    if refused:
+        lines += ["", "Lines left unedited:"] + [f"- {name}: {why}" for name, why in refused]
+    lines += ["", "What each change does:"] + [f"- {t.name}: {t.change.does}; maths: {t.change.maths}" for t in tried]
+    return "\n".join(lines)
+
+
+def _notes(trials: list[Trial]) -> list[str]:
+    notes = []
+    for trial in trials:
+        effect = trial.effect
+        if effect is None or not effect.rounds:
+            continue
+        parts = []
+        if effect.float64_ops[0] != effect.float64_ops[1]:
+            parts.append(f"float64 ops {effect.float64_ops[0]} -> {effect.float64_ops[1]}")
+        syncs = effect.host_syncs_per_step
+        if None not in syncs and syncs[0] != syncs[1]:
+            parts.append(f"host syncs per step {syncs[0]:.3g} -> {syncs[1]:.3g}")
+        if trial.nonfinite:
+            parts.append(f"{trial.nonfinite} NaN/Inf parameters")
+        if effect.optimizers:
+            parts.append("optimizers " + ", ".join(f"{k} {v}" for k, v in effect.optimizers.items()))
+        if parts:
+            notes.append(f"- {trial.name}: {'; '.join(parts)}")
+    return ["", "Seen in the runs:", *notes] if notes else []
+
+
+def _combined_line(report: TryReport) -> str:
+    combined = report.combined
+    if combined is None:
+        return "Combined: no change was faster with the maths kept; nothing to combine."
+    names = " + ".join(report.combined_changes)
+    if len(report.combined_changes) == 1:
+        return f"Combined: {names} alone (the only change faster with the maths kept): {_effect(combined)}."
+    return f"Combined ({names}): {_effect(combined)}, maths {_maths(combined)}: {combined.verdict}."
+
+
+def _ratio(trial: Trial | None) -> dict[str, float] | None:
+    ratio = trial.effect.ratio() if trial is not None and trial.effect else None
+    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n}
+
+
+def _trial(trial: Trial) -> dict[str, Any]:
+    effect = trial.effect
+    return {"change": trial.name, "kind": trial.change.kind, "where": [w for _, w in trial.edits] or trial.sites,
+            "does": trial.change.does, "maths": trial.change.maths, "ratio": _ratio(trial),
+            "trustworthy": effect.trustworthy if effect and effect.rounds else None,
+            "untrustworthy_runs": f"{effect.untrustworthy_runs} of {effect.runs}" if effect else None,
+            "untrustworthy_reasons": effect.reasons if effect else [], "verdict": trial.verdict,
+            "parity": trial.parity.to_dict() if trial.parity else None, "nonfinite_params": trial.nonfinite,
+            "float64_ops": _pair(effect.float64_ops) if effect and effect.rounds else None,
+            "host_syncs_per_step": _pair(effect.host_syncs_per_step) if effect and effect.rounds else None,
+            "optimizers": trial.optimizers, "error": trial.error, "refused": trial.refused, "diff": trial.diff}
+
+
+def _pair(pair: tuple[Any, Any]) -> dict[str, Any]:
+    return {"unchanged": pair[0], "changed": pair[1]}
+
+
+def as_json(report: TryReport) -> dict[str, Any]:
+    combined = report.combined
+    tried = [t for t in report.trials if t.skip is None]
+    return {"try": {
+        "target": report.target, "variant": report.variant, "device": report.device, "rounds": report.rounds,
+        "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
+        "trials": [_trial(t) for t in tried],
+        "skipped": [{"change": t.name, "reason": t.skip} for t in report.trials if t.skip is not None],
+        "combined": {"changes": report.combined_changes, "ratio": _ratio(combined),
+                     "parity": combined.parity.to_dict() if combined and combined.parity else None,
+                     "verdict": combined.verdict if combined else None, "diff": report.patch},
+        "interrupted": report.interrupted, "failed": report.failed,
+        "accepted_changes": list(CHANGES)}}

@@ -1,0 +1,198 @@
+"""The runtime changes, applied in the trainer's own (fresh) process: process settings before the factory is
+imported, and a factory wrapper that applies the rest around the factory and each ``iterate()``.
+
+- ``apply_process_changes``: distribution checks off, optimizer classes patched (fused / foreach),
+  TF32 matmuls, cuDNN benchmark;
+- ``trial_factory``: the user's factory with threads set after it, the modules it built recorded (torch's
+  global parameter and submodule registration hooks, during the factory and the first ``iterate()``, for a
+  generator builds them there), compiled where asked, and each ``iterate()`` under autocast where asked.
+Guarded by ``tests/test_try.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_hooks
+
+OPTIMIZER_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD",
+                     "Rprop")
+
+implementations: dict[str, str] = {}
+"""What the optimizer patch built, by class: ``fused`` or ``foreach`` (read back into the arm's result)."""
+
+
+def apply_process_changes(names: list[str]) -> None:
+    """The changes that are process settings (idempotent: applied again after the factory)."""
+    if "no_validate_args" in names:
+        torch.distributions.Distribution.set_default_validate_args(False)
+    if "matmul_precision" in names:
+        torch.set_float32_matmul_precision("high")
+    if "cudnn_benchmark" in names:
+        torch.backends.cudnn.benchmark = True
+    if "fused_optimizer" in names or "foreach_optimizer" in names:
+        _patch_optimizers("fused" if "fused_optimizer" in names else "foreach")
+
+
+def _patch_optimizers(mode: str) -> None:
+    """Every ``torch.optim`` class in ``OPTIMIZER_CLASSES`` built with ``fused=True`` (``mode`` fused, where the
+    class has it and the device runs it; else ``foreach=True``)."""
+    for name in OPTIMIZER_CLASSES:
+        cls = getattr(torch.optim, name, None)
+        if cls is None or getattr(cls.__init__, "_rlgauge_try", False):
+            continue
+        cls.__init__ = _patched_init(cls.__init__, name, mode)
+
+
+def _patched_init(original: Callable[..., None], name: str, mode: str) -> Callable[..., None]:
+    has_fused = "fused" in inspect.signature(original).parameters
+
+    @functools.wraps(original)
+    def init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+        params = list(params)  # a generator is read once: kept for a second try
+        if mode == "fused" and has_fused:
+            try:
+                original(self, params, *args, **{**kwargs, "fused": True, "foreach": None})
+                implementations[name] = "fused"
+                return
+            except (RuntimeError, ValueError):  # fused does not run on these parameters' device
+                pass
+        fused = {"fused": None} if has_fused else {}
+        original(self, params, *args, **{**kwargs, **fused, "foreach": True})
+        implementations[name] = "foreach"
+
+    init._rlgauge_try = True  # type: ignore[attr-defined]
+    return init
+
+
+class ModuleRecorder:
+    """While active, records every ``nn.Module`` that gets a parameter or a submodule (weakly held)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, weakref.ref] = {}
+        self._handles: list[Any] = []
+
+    def _add(self, module: nn.Module) -> None:
+        if id(module) not in self._seen:
+            self._seen[id(module)] = weakref.ref(module)
+
+    def _on_parameter(self, module: nn.Module, name: str, param: Any) -> None:
+        self._add(module)
+
+    def _on_module(self, module: nn.Module, name: str, submodule: Any) -> None:
+        self._add(module)
+        if isinstance(submodule, nn.Module):
+            self._add(submodule)
+
+    def __enter__(self) -> "ModuleRecorder":
+        self._handles = [module_hooks.register_module_parameter_registration_hook(self._on_parameter),
+                         module_hooks.register_module_module_registration_hook(self._on_module)]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def top_level(self) -> list[nn.Module]:
+        """The recorded modules alive and inside no other recorded one, in the order first recorded."""
+        alive = [m for m in (ref() for ref in self._seen.values()) if m is not None]
+        inner = {id(child) for m in alive for child in m.modules() if child is not m}
+        return [m for m in alive if id(m) not in inner]
+
+
+class TrialTrainer:
+    """The user's trainer with the per-call changes: autocast around ``iterate()``, modules recorded until the
+    first call has run (then compiled where asked). Anything else is the user's object's."""
+
+    def __init__(self, inner: Any, names: list[str], recorder: ModuleRecorder, device_type: str) -> None:
+        self._inner, self._names, self._recorder, self._device_type = inner, names, recorder, device_type
+        self._first_done = False
+        self._compiled: set[int] = set()
+        self._compile_found()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        """The top-level modules the factory (and a generator's first call) built."""
+        return self._recorder.top_level()
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if "autocast_bf16" not in self._names:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self._device_type, dtype=torch.bfloat16)
+
+    def _compile_found(self) -> None:
+        if "compile_modules" not in self._names:
+            return
+        for module in self._recorder.top_level():
+            if id(module) not in self._compiled:
+                compile_module(module)
+                self._compiled.add(id(module))
+
+    def iterate(self) -> Any:
+        if self._first_done:
+            with self._autocast():
+                return self._inner.iterate()
+        with self._recorder, self._autocast():
+            done = self._inner.iterate()
+        self._first_done = True
+        after_factory(self._names)
+        self._compile_found()
+        return done
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def compile_module(module: nn.Module) -> None:
+    """``module``'s calls compiled, as ``nn.Module.compile()`` means them to be. The compiled frame is a function
+    of this file: torch's own ``Module._call_impl`` is in dynamo's skip list, so ``module.compile()`` would leave
+    the module eager (torch 2.13)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return module._call_impl(*args, **kwargs)
+
+    module._compiled_call_impl = torch.compile(call)
+
+
+def after_factory(names: list[str]) -> None:
+    """What the factory (or a generator's first call) may have set back: threads, process settings."""
+    if "threads_1" in names:
+        torch.set_num_threads(1)
+    apply_process_changes([n for n in names if n not in ("fused_optimizer", "foreach_optimizer")])
+
+
+def trial_factory(factory: Callable[..., Any], names: list[str]) -> Callable[..., TrialTrainer]:
+    """``factory`` with the runtime changes ``names`` applied around it and its trainer's calls."""
+    from harness.specs.own_trainer import GeneratorTrainer
+
+    try:
+        parameters = inspect.signature(factory).parameters
+        takes_probe = "probe" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                                   for p in parameters.values())
+    except (TypeError, ValueError):
+        takes_probe = False
+
+    def build(config: dict[str, Any], **kwargs: Any) -> TrialTrainer:
+        if not takes_probe:
+            kwargs.pop("probe", None)
+        if "threads_1" in names:
+            torch.set_num_threads(1)
+        recorder = ModuleRecorder()
+        with recorder:
+            made = factory(config, **kwargs)
+        if inspect.isgenerator(made):
+            made = GeneratorTrainer(made)
+        after_factory(names)
+        return TrialTrainer(made, names, recorder, torch.device(kwargs.get("device") or "cpu").type)
+
+    return build

@@ -1,0 +1,210 @@
+"""A whole try: the candidates' arms prepared, their maths checked (``parity``), their speed measured in
+interleaved rounds (``rounds``), then the combination of those that were faster and kept the maths.
+
+Every arm runs in a fresh process (``arms``); the patched copies, requests and logs live in a temporary
+folder removed at the end. A KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.diagnosis.frames import short
+from harness.trials import parity, rounds
+from harness.trials.arms import Arm, ArmRunner, Target
+from harness.trials.catalogue import Change
+from harness.trials.patch_file import combined_files, unified_diff
+from harness.trials.patched_copy import edited_files, write_copies
+from harness.trials.plan import Candidate
+from harness.trials.source_edits import EditRefused
+
+
+@dataclass
+class Trial:
+    change: Change
+    sites: list[str] = field(default_factory=list)
+    skip: str | None = None
+    edits: list[tuple[str, str]] = field(default_factory=list)
+    """``(change, file:line)`` of the source edits made (a subset of ``sites``)."""
+    refused: list[str] = field(default_factory=list)
+    """The sites whose edit was refused, each with why."""
+    arm: Arm | None = None
+    parity: parity.Parity | None = None
+    nonfinite: int | None = None
+    effect: rounds.Effect | None = None
+    error: str | None = None
+    optimizers: dict[str, str] = field(default_factory=dict)
+    diff: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.change.name
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return f"failed: {self.error}"
+        return rounds.verdict(self.effect.ratio() if self.effect else None)
+
+    @property
+    def qualifies(self) -> bool:
+        """Faster and the maths kept: a member of the combination."""
+        return self.verdict == "faster" and self.parity is not None and self.parity.keeps_maths
+
+
+@dataclass
+class TryReport:
+    target: str
+    variant: str
+    device: str
+    rounds: int
+    iterations: int
+    trials: list[Trial] = field(default_factory=list)
+    combined: Trial | None = None
+    """The combination's arm (``change`` of the first member), or a qualifying trial alone."""
+    combined_changes: list[str] = field(default_factory=list)
+    patch: str = ""
+    noise: float | None = None
+    """The unchanged trainer's own parity: its largest relative difference run twice from the seed."""
+    interrupted: bool = False
+    failed: str | None = None
+    """Why the try stopped (the unchanged trainer failed)."""
+
+
+def _prepare(trial: Trial, workdir: Path, factory: tuple[Path | None, str]) -> None:
+    """The trial's arm: its runtime change, or copies of the user's files with its edits made."""
+    name = trial.name
+    if trial.change.kind == "runtime":
+        trial.arm = Arm(name, (name,), (name,))
+    else:
+        for where in trial.sites:
+            try:
+                edited_files([(name, where)])
+                trial.edits.append((name, where))
+            except EditRefused as refused:
+                trial.refused.append(f"{short(where)}: {refused}")
+        if not trial.edits:
+            trial.skip = "; ".join(trial.refused)
+            return
+        edited = edited_files(trial.edits)
+        trial.arm = Arm(name, (name,), (), write_copies(edited, workdir / name), edited)
+    trial.diff = _diff([name], trial.arm.edited, factory, {})
+
+
+def _diff(names: list[str], edited: dict[Path, tuple[str, str]], factory: tuple[Path | None, str],
+          optimizers: dict[str, str]) -> str:
+    path, attribute = factory
+    files = combined_files(names, edited, path, attribute, optimizers)
+    base = path.parent if path is not None else Path.cwd()
+    return unified_diff(files, base)
+
+
+def _parities(runner: ArmRunner, trials: list[Trial], iterations: int, report: TryReport,
+              say: Callable[[str], None]) -> dict[str, Any]:
+    """Each trial's parity against the unchanged trainer's (run twice: its own noise); the reference's answer."""
+    say(f"try: the maths: {iterations} iterate() calls from the seed, unchanged twice and each change once")
+    first = runner.run(Arm(rounds.UNCHANGED), "parity", iterations)
+    second = runner.run(Arm(rounds.UNCHANGED), "parity", iterations) if "error" not in first else first
+    if "error" in first or "error" in second:
+        raise rounds.UnchangedFailed(f"the unchanged trainer failed: {first.get('error') or second.get('error')}")
+    noise = parity.max_rel_diff(first["params"], second["params"])
+    report.noise = float("inf") if noise is None else noise
+    for trial in trials:
+        _check_maths(runner, trial, first, report.noise, iterations)
+    return first
+
+
+def _check_maths(runner: ArmRunner, trial: Trial, reference: dict[str, Any], noise: float, iterations: int) -> None:
+    assert trial.arm is not None
+    answer = runner.run(trial.arm, "parity", iterations)
+    if "error" in answer:
+        trial.error = answer["error"]
+        return
+    trial.parity = parity.classify(parity.max_rel_diff(reference["params"], answer["params"]), noise)
+    trial.nonfinite = answer["parity"]["nonfinite"]
+    trial.optimizers = answer.get("optimizers", {})
+
+
+def members(trials: list[Trial]) -> list[Trial]:
+    """The combination: every trial faster with the maths kept, the fastest of each group of alternatives."""
+    chosen: dict[str, Trial] = {}
+    for trial in trials:
+        if not trial.qualifies:
+            continue
+        key = trial.change.group or trial.name
+        best = chosen.get(key)
+        if best is None or trial.effect.ratio().value > best.effect.ratio().value:  # type: ignore[union-attr]
+            chosen[key] = trial
+    return [t for t in trials if t in chosen.values()]
+
+
+def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], workdir: Path,
+             factory: tuple[Path | None, str], report: TryReport, say: Callable[[str], None]) -> None:
+    """The members applied together, its maths checked and measured as each trial was (one member: its own)."""
+    names = [t.name for t in chosen]
+    report.combined_changes = names
+    optimizers = {k: v for t in chosen for k, v in t.optimizers.items()}
+    edits = [edit for t in chosen for edit in t.edits]
+    try:
+        edited = edited_files(edits)
+    except EditRefused as refused:  # two edits that do not go together: each alone was measured
+        report.combined = Trial(chosen[0].change, error=f"the source edits do not combine: {refused}")
+        return
+    if len(chosen) == 1:
+        report.combined = chosen[0]
+        report.patch = _diff(names, edited, factory, optimizers)
+        return
+    runtime = tuple(t.name for t in chosen if t.change.kind == "runtime")
+    arm = Arm("combined", tuple(names), runtime, write_copies(edited, workdir / "combined") if edited else None, edited)
+    combined = Trial(chosen[0].change, arm=arm, optimizers=optimizers)
+    report.combined = combined
+    report.patch = _diff(names, edited, factory, optimizers)
+    combined.diff = report.patch
+    say(f"try: the combination: {' + '.join(names)}")
+    _check_maths(runner, combined, reference, report.noise or 0.0, report.iterations)
+    if combined.error is None:
+        effects: dict[str, rounds.Effect] = {}
+        rounds.measure(runner, [arm], report.rounds, effects, say, label="combined round")
+        combined.effect = effects["combined"]
+        combined.error = combined.effect.error
+
+
+def run_try(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
+            rounds_count: int, iterations: int, say: Callable[[str], None]) -> TryReport:
+    """Prepare, check and measure every candidate, then their combination; never raises for a trial's failure."""
+    report = TryReport(label, target.variant, device, rounds_count, iterations)
+    workdir = Path(tempfile.mkdtemp(prefix="rlgauge-try-"))
+    try:
+        report.trials = [Trial(c.change, list(c.sites), skip=c.skip) for c in candidates]
+        for trial in report.trials:
+            if trial.skip is None:
+                _prepare(trial, workdir, factory)
+        live = [t for t in report.trials if t.skip is None]
+        if not live:
+            return report
+        runner = ArmRunner(target, workdir)
+        try:
+            reference = _parities(runner, live, iterations, report, say)
+            measured = [t for t in live if t.error is None]
+            effects: dict[str, rounds.Effect] = {}
+            for trial in measured:
+                trial.effect = effects.setdefault(trial.name, rounds.Effect())
+            say(f"try: {rounds_count} rounds of {1 + len(measured)} fresh processes each: unchanged, "
+                + ", ".join(t.name for t in measured))
+            rounds.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count, effects, say)
+            for trial in measured:
+                trial.error = trial.error or trial.effect.error  # type: ignore[union-attr]
+            chosen = members(report.trials)
+            if chosen:
+                _combine(runner, chosen, reference, workdir, factory, report, say)
+        except KeyboardInterrupt:
+            report.interrupted = True
+        except rounds.UnchangedFailed as failed:
+            report.failed = str(failed)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return report

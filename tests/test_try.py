@@ -1,0 +1,261 @@
+"""``rlgauge try``: changes applied to a user's trainer without editing it, measured in fresh processes, their maths
+checked (docs/try.md).
+
+The end-to-end tests run the planted trainer (a copy, under a module name of its own) with tiny runs; the
+session's logic (verdicts, the combination, Ctrl-C) is also checked with a fake arm runner, no processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from harness.cli.app import main
+from harness.trials import session, source_edits
+from harness.trials.arms import Target
+from harness.trials.catalogue import NAMES
+from harness.trials.patch_file import combined_files, unified_diff
+from harness.trials.plan import candidates
+
+TESTS = Path(__file__).resolve().parent
+PLANTED_YAML = """\
+trainer: try_planted:make_trainer
+config: {num_envs: 4, num_steps: 8}
+variants:
+  baseline: {float64_rewards: true}
+run: {steps: 64, warmup_steps: 32, repeats: 2}
+"""
+TINY_YAML = """\
+trainer: try_tiny:make_trainer
+config: {rows: 16, fail_without_checks: true}
+run: {steps: 64, warmup_steps: 32, repeats: 2}
+"""
+FAST = ["--device", "cpu", "--steps", "64", "--json"]
+
+
+def _try(*argv: str) -> tuple[int, dict[str, Any]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["try", *argv])
+    text = out.getvalue()
+    return code, json.loads(text)["try"] if text.strip() else {}
+
+
+def _trial(data: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(t for t in data["trials"] if t["change"] == name)
+
+
+def _line(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One try of three changes on the planted trainer's float64 variant (a copy named try_planted); 2 rounds give
+    no verdict, so no combination is measured."""
+    folder = tmp_path_factory.mktemp("try-planted")
+    module = folder / "try_planted.py"
+    shutil.copy(TESTS / "planted_trainer.py", module)
+    (folder / "planted.yaml").write_text(PLANTED_YAML)
+    before = module.read_bytes()
+    code, data = _try(str(folder / "planted.yaml"), *FAST, "--rounds", "2",
+                      "--only", "float32_at_source,no_validate_args,autocast_bf16", "--patch", str(folder / "out.diff"))
+    return SimpleNamespace(code=code, data=data, folder=folder, module=module, before=before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One try on the tiny trainer (a copy named try_tiny) that raises when distribution checks are off: the A/A
+    change, the runtime change that makes it raise, and the source change that does not."""
+    folder = tmp_path_factory.mktemp("try-tiny")
+    shutil.copy(TESTS / "try_trainer.py", folder / "try_tiny.py")
+    (folder / "tiny.yaml").write_text(TINY_YAML)
+    code, data = _try(str(folder / "tiny.yaml"), *FAST, "--rounds", "3",
+                      "--only", "no_change,no_validate_args,validate_args_off")
+    return SimpleNamespace(code=code, data=data, folder=folder)
+
+
+def test_a_change_equal_to_the_unchanged_trainer_reports_no_effect_and_identical_maths(tiny: SimpleNamespace) -> None:
+    same = _trial(tiny.data, "no_change")
+    assert same["parity"]["class"] == "identical" and same["parity"]["max_rel_diff"] == 0.0
+    assert same["ratio"]["rounds"] == 3 and same["ratio"]["low"] <= same["ratio"]["median"] <= same["ratio"]["high"]
+    verdict = same["verdict"]
+    if verdict in ("faster", "slower"):  # a 95 % interval misses 1 in 20 A/A tries: confirmed by a second one
+        _, again = _try(str(tiny.folder / "tiny.yaml"), *FAST, "--rounds", "3", "--only", "no_change")
+        verdict = _trial(again, "no_change")["verdict"]
+    assert verdict.startswith("no effect it could resolve at ±"), verdict
+
+
+def test_a_trial_whose_trainer_raises_fails_alone(tiny: SimpleNamespace) -> None:
+    assert tiny.code == 1
+    failed = _trial(tiny.data, "no_validate_args")
+    assert failed["verdict"] == "failed: RuntimeError: planted failure: distribution checks are off"
+    assert failed["ratio"] is None
+    kept = _trial(tiny.data, "validate_args_off")
+    assert kept["error"] is None and kept["ratio"]["rounds"] == 3 and kept["parity"]["class"] == "identical"
+    assert "validate_args=False" in kept["diff"]
+
+
+def test_float32_at_source_edits_the_line_found_and_removes_the_float64_ops(planted: SimpleNamespace) -> None:
+    trial = _trial(planted.data, "float32_at_source")
+    line = _line(planted.module, "reward_t = torch.tensor(reward)  # float64")
+    assert trial["kind"] == "source" and trial["where"] == [f"{planted.module}:{line}"]
+    assert f"@@ -{line - 3},7 +{line - 3},7 @@" in trial["diff"]
+    assert "+                reward_t = torch.tensor(reward, dtype=torch.float32)  # float64" in trial["diff"]
+    assert trial["diff"].startswith("--- a/try_planted.py\n+++ b/try_planted.py\n")
+    assert trial["float64_ops"]["unchanged"] > 0 and trial["float64_ops"]["changed"] == 0
+    assert trial["parity"]["class"] == "identical"  # CartPole's rewards are 1.0 in float32 as in float64
+
+
+def test_no_validate_args_removes_the_distribution_checks_syncs(planted: SimpleNamespace) -> None:
+    trial = _trial(planted.data, "no_validate_args")
+    syncs = trial["host_syncs_per_step"]
+    assert syncs["changed"] <= syncs["unchanged"] - 1.0  # the acting Categorical's check: one per vector step
+    assert trial["parity"]["class"] == "identical"
+
+
+def test_autocast_on_cpu_changes_the_maths_and_stays_out_of_the_combination(planted: SimpleNamespace) -> None:
+    assert planted.code == 0, planted.data
+    trial = _trial(planted.data, "autocast_bf16")
+    assert trial["parity"]["class"] == "changes the maths" and trial["parity"]["max_rel_diff"] > 1e-4
+    assert trial["verdict"] == "no verdict: 2 rounds (needs 3)"
+    assert planted.data["combined"]["changes"] == []  # (with verdicts: test_the_combination_takes_...)
+
+
+def test_the_users_files_are_left_as_they_were(planted: SimpleNamespace) -> None:
+    assert planted.module.read_bytes() == planted.before
+    assert {p.name for p in planted.folder.iterdir()} - {"__pycache__"} == {"try_planted.py", "planted.yaml"}
+
+
+def test_an_unknown_change_name_exits_2_listing_the_accepted_names(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_YAML)
+    assert main(["try", str(tmp_path / "tiny.yaml"), "--only", "no_change,fast_please"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'fast_please'" in err and ", ".join(NAMES) in err
+
+
+def test_an_existing_patch_file_is_refused_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_YAML)
+    (tmp_path / "out.diff").write_text("mine\n")
+    assert main(["try", str(tmp_path / "tiny.yaml"), "--patch", str(tmp_path / "out.diff")]) == 2
+    assert "--force" in capsys.readouterr().err and (tmp_path / "out.diff").read_text() == "mine\n"
+
+
+# --------------------------------------------------------------------------- source edits, on text
+
+def test_float32_edits_the_one_call_that_makes_an_array_from_data() -> None:
+    text = "import numpy as np\nimport torch as th\nr = th.tensor(reward).view(-1)\nx = np.asarray(obs)\n" \
+           "y = th.from_numpy(z)\nw = th.tensor(a, dtype=th.float64)\n"
+    assert "r = th.tensor(reward, dtype=th.float32).view(-1)\n" in source_edits.float32_at_source(text, 3)
+    assert "x = np.asarray(obs).astype(np.float32)\n" in source_edits.float32_at_source(text, 4)
+    assert "y = th.from_numpy(z).float()\n" in source_edits.float32_at_source(text, 5)
+    with pytest.raises(source_edits.EditRefused, match="no call that makes a tensor"):
+        source_edits.float32_at_source(text, 6)  # an explicit dtype is the user's choice
+    with pytest.raises(source_edits.EditRefused, match="2 calls"):
+        source_edits.float32_at_source("import torch\na = torch.tensor(x) + torch.tensor(y)\n", 2)
+
+
+def test_validate_args_is_added_to_each_distribution_built_on_the_line() -> None:
+    text = ("from torch.distributions.categorical import Categorical\nimport torch\n"
+            "d = Categorical(logits=l); n = torch.distributions.Normal(m, s,)\nd.log_prob(a)\n")
+    edited = source_edits.validate_args_off(text, 3)
+    assert "Categorical(logits=l, validate_args=False)" in edited
+    assert "torch.distributions.Normal(m, s, validate_args=False,)" in edited
+    with pytest.raises(source_edits.EditRefused, match="builds no torch.distributions"):
+        source_edits.validate_args_off(text, 4)
+
+
+def test_no_grad_wraps_a_lone_assignment_and_refuses_anything_else() -> None:
+    text = "import torch\nfor o in obs:\n    q = net(o)  # acting\n    if o: p = net(o)\n"
+    assert "    with torch.no_grad():\n        q = net(o)  # acting\n" in source_edits.no_grad_acting(text, 3)
+    with pytest.raises(source_edits.EditRefused, match="line 4 is not a single assignment"):
+        source_edits.no_grad_acting(text, 4)
+
+
+def test_the_patch_applies_with_patch_p1_and_adds_the_runtime_lines(tmp_path: Path) -> None:
+    original = (TESTS / "try_trainer.py").read_text()
+    path = tmp_path / "try_tiny.py"
+    path.write_text(original)
+    line = _line(path, "dist = torch.distributions.Categorical(")
+    edited = {path: (original, source_edits.validate_args_off(original, line))}
+    files = combined_files(["validate_args_off", "threads_1", "fused_optimizer"], edited, path, "make_trainer",
+                           {"Adam": "fused"})
+    diff = unified_diff(files, tmp_path)
+    (tmp_path / "out.diff").write_text(diff)
+    subprocess.run(["patch", "-p1", "-i", "out.diff"], cwd=tmp_path, check=True, capture_output=True)
+    patched = path.read_text()
+    assert patched == files[path][1]
+    assert "Categorical(logits=self.policy(obs), validate_args=False)" in patched
+    assert "lr=1e-2, fused=True)" in patched
+    assert "    torch.set_num_threads(1)  # rlgauge try: threads_1\n    return Tiny(config, seed)" in patched
+
+
+# --------------------------------------------------------------------------- the session, with a fake arm runner
+
+class FakeRunner:
+    """Arms without processes: each change's speed factor and final weight, a KeyboardInterrupt on a chosen call."""
+
+    def __init__(self, target: Target, workdir: Path, speed: dict[str, float], weight: dict[str, float],
+                 stop_at: int | None = None) -> None:
+        self.workdir, self.speed, self.weight, self.stop_at = workdir, speed, weight, stop_at
+        self.calls = 0
+
+    def run(self, arm: Any, mode: str, iterations: int = 0) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt
+        if mode == "parity":
+            params = self.workdir / f"{self.calls}.pt"
+            final = torch.full((3,), self.weight.get(arm.name, 1.0))
+            torch.save({"initial": {"w": torch.zeros(3)}, "final": {"w": final}}, params)
+            return {"parity": {"nonfinite": 0}, "params": str(params)}
+        jitter = 1.0 + 0.001 * (self.calls % 3)
+        rate = 1000.0 * self.speed.get(arm.name, 1.0) * jitter
+        return {"result": {"status": "ok", "metrics": {"env_steps_per_sec": {"median": rate}, "host_syncs_per_step": 1.0},
+                           "stability": {"float64_ops": 0}, "quality": {"trustworthy": True, "reasons": []}}}
+
+
+def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: dict[str, float],
+             stop_at: int | None = None) -> session.TryReport:
+    made: list[FakeRunner] = []
+
+    def runner(target: Target, workdir: Path) -> FakeRunner:
+        made.append(FakeRunner(target, workdir, speed, weight, stop_at))
+        return made[-1]
+
+    monkeypatch.setattr(session, "ArmRunner", runner)
+    found = {"device": "cpu", "recommendations": [], "host_syncs": [], "float64": []}
+    chosen = candidates(found, ["no_change", "threads_1", "no_validate_args", "autocast_bf16"])
+    target = Target("x.yaml", None, None, "baseline", [], [])
+    return session.run_try(target, "x.yaml", "cpu", chosen, (None, "make_trainer"), 4, 3, lambda _t: None)
+
+
+def test_the_combination_takes_the_faster_changes_that_keep_the_maths(monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "autocast_bf16": 1.5, "combined": 1.5},
+                      {"autocast_bf16": 1.2})
+    verdicts = {t.name: (t.verdict, t.parity.cls) for t in report.trials}
+    assert verdicts["autocast_bf16"] == ("faster", "changes the maths")
+    assert verdicts["threads_1"] == ("faster", "identical")
+    assert verdicts["no_change"][0].startswith("no effect it could resolve")
+    assert report.combined_changes == ["threads_1", "no_validate_args"]
+    assert report.combined is not None and report.combined.verdict == "faster"
+    assert report.combined.effect.rounds == 4
+
+
+def test_an_interrupt_keeps_the_rounds_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 + 4 parity runs, then rounds of 5 arms: stopping at the 14th call leaves round 2 unfinished
+    report = _session(monkeypatch, {"threads_1": 1.3}, {}, stop_at=14)
+    assert report.interrupted and report.combined is None
+    assert {t.name: t.effect.rounds for t in report.trials} == {name: 1 for name in
+                                                               ("no_change", "threads_1", "no_validate_args",
+                                                                "autocast_bf16")}
