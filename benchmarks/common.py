@@ -151,3 +151,6 @@ CPU_TIME_STEPS = {"ppo-cartpole": 2048, "ppo-acrobot": 2048, "dqn-cartpole": 512
 an entry is skipped there, to keep ``asv continuous`` within a CI budget on two cores:
 ``ppo-pendulum``'s update costs several times ``ppo-cartpole``'s and shares its code but for
 the action head, which ``InferenceCpuTime`` gates."""
+
+COUNT_STEPS = 512
+"""Env steps (whole iterations, at least this many) counted per preset variant by ``bench_counts``."""

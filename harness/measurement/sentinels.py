@@ -9,8 +9,6 @@ float64 check covers the eager execution of compiled functions.
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 from collections import Counter
 from typing import Any
@@ -20,7 +18,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 _WIDE = (torch.float64, torch.complex128)
-_TORCH_DIR = os.path.dirname(torch.__file__)
 _LIFT = "aten.lift_fresh.default"
 _CAST = "aten._to_copy.default"
 
