@@ -22,9 +22,15 @@ STAMP := $(VENV)/.rlgauge-installed
 # The wall-time benchmarks (track_*, time_select_actions, Replay) and device memory: asv-report.
 ASV_FACTOR ?= 1.75
 ASV_GATED ?= CpuTime|peakmem_
-ASV_REPORTED ?= track_seconds_per_1k|time_select_actions|Replay|peak_device
+ASV_REPORTED ?= track_seconds_per_1k|time_select_actions|Replay|peak_device|track_instructions
 BASE ?= HEAD~1
 HEAD_REF ?= HEAD
+# asv-counts (a merge gate): the deterministic cost counts per env step (benchmarks/bench_counts.py: aten
+# ops, host syncs, float64 ops, output bytes, Python calls). The same code gives the same counts in every
+# process on any load, so any increase beyond ASV_COUNT_FACTOR fails (a sync or a kernel added per step).
+# Hardware instructions retired are not exact between processes: reported by asv-report, never gated.
+ASV_COUNT_FACTOR ?= 1.001
+ASV_COUNTS ?= CostCounts\.track_(aten_ops|host_syncs|float64_ops|output_bytes|python_calls)
 # asv-quick files its results under this commit (ASV_QUICK_ARGS: more asv run options, e.g.
 # -b time_insert_vector_step); asv-publish reads them from ASV_RESULTS (asv.conf.json's results_dir).
 ASV_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
@@ -47,7 +53,7 @@ GATE_OUT ?=
 GATE_BASE_ARGS ?= --steps 2048 --repeats 3 --set run.warmup_steps=1024 --rounds 9 --max-slowdown 10
 GATE_BASE_OUT ?=
 
-.PHONY: install bench test test-slow test-all asv-machine asv-check asv-quick asv-continuous asv-report asv-publish gate gate-base clean
+.PHONY: install bench test test-slow test-all asv-machine asv-check asv-quick asv-continuous asv-counts asv-report asv-publish gate gate-base clean
 
 install: $(STAMP)
 
@@ -89,7 +95,7 @@ asv-quick: asv-machine
 	$(BIN)/asv run --quick --python=same --set-commit-hash $(ASV_COMMIT) $(ASV_QUICK_ARGS)
 
 # A ref that is not a commit here stops make before any set-up, with one line (exit 2).
-ifneq ($(filter asv-continuous asv-report,$(MAKECMDGOALS)),)
+ifneq ($(filter asv-continuous asv-counts asv-report,$(MAKECMDGOALS)),)
   $(foreach ref,BASE HEAD_REF,$(if $(shell git rev-parse --verify --quiet '$($(ref))^{commit}' 2>/dev/null),,\
     $(error $(ref)=$($(ref)) is not a commit in this repository; give a branch, a tag, a commit hash or e.g. HEAD~1 (a shallow clone needs git fetch --unshallow))))
 endif
@@ -101,6 +107,10 @@ ASV_REPORT_ONLY ?=
 asv-continuous: asv-machine
 	$(BIN)/asv continuous --factor $(ASV_FACTOR) -b '$(ASV_GATED)' $(BASE) $(HEAD_REF) $(if $(ASV_REPORT_ONLY),\
 		|| echo "asv-continuous: report only (ASV_REPORT_ONLY=$(ASV_REPORT_ONLY)): asv's verdict above does not fail the run; calibrate this runner's factor with rlgauge asv-calibrate" >&2)
+
+asv-counts: asv-machine
+	$(BIN)/asv continuous --factor $(ASV_COUNT_FACTOR) -b '$(ASV_COUNTS)' $(BASE) $(HEAD_REF) $(if $(ASV_REPORT_ONLY),\
+		|| echo "asv-counts: report only (ASV_REPORT_ONLY=$(ASV_REPORT_ONLY)): the count changes above do not fail the run" >&2)
 
 # The wall-time benchmarks across the same two commits, reported, never failing: asv judges their
 # track_ values by the factor alone and their wall time moves with the machine's other load.
