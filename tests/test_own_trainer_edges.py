@@ -213,3 +213,17 @@ def test_measure_start_stop_needs_no_reindenting_and_prints_its_status(project: 
         assert f"float64 enters at {project / 'loop.py'}:6 (aten.lift_fresh.default): make it float32" in done.stderr
         (run,) = json.loads((project / "m.json").read_text())["runs"]
         assert run["status"] == "unstable" and len(run["metrics"]["env_steps_per_sec"]["samples"]) == 5
+
+
+def test_run_checks_a_generator_over_whole_updates_as_diagnose_audits_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A generator that yields every env step and updates every 10th: run's host syncs per step are the rate
+    over at least CHECKED_ENV_STEPS (the action copy each step, the for-loop Adam's 4 step counters each 10th),
+    not one call's (1 or 5)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--trainer", "planted_trainer:make_dqn_like", "--set", "run.steps=100", "--set",
+                 "run.warmup_steps=20", "--repeats", "2", "--out", "r.json", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    (run,) = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert run["metrics"]["host_syncs_per_step"] == pytest.approx(1.0 + 4 / 10, abs=0.02)

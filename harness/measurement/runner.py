@@ -382,7 +382,7 @@ def _latency_and_sentinels(live: _Live) -> None:
         # a dispatch mode cannot run inside compiled code: the checked iteration runs the compiled
         # functions' eager code, without counting as a compile fallback
         with torch.compiler.set_stance("force_eager"), syncs, wide:
-            done = trainer.iterate()
+            agent_steps = _checked_iterations(trainer, isinstance(live.spec.config, OwnConfig))
     except TrainerExhausted as exc:  # every timed repeat completed: not a failure of that work
         live.sentinel_skipped = (f"{exc}, after its timed repeats: the checked iteration (float64, host syncs) was "
                                  "skipped; give it one iteration more to have it checked")
@@ -393,9 +393,30 @@ def _latency_and_sentinels(live: _Live) -> None:
     except Exception as exc:
         _failed(live, exc)
         return
-    vector_steps = max(1, done.agent_steps // live.resolution.config.env.num_envs)
+    vector_steps = max(1, agent_steps // live.resolution.config.env.num_envs)
     live.syncs_per_step = syncs.count / vector_steps
     live.float64_ops, live.float64_site = wide.count, wide.first_site
+
+
+CHECKED_ENV_STEPS = 512
+"""A user's trainer is checked over whole calls of at least this many env steps, as ``diagnose`` audits it: a
+generator that yields every env step and updates every 10th has its updates' syncs counted at their rate."""
+
+
+def _checked_iterations(trainer: Any, own: bool) -> int:
+    """The checked iteration: one call (rlgauge's trainers), or a user's trainer's calls until
+    ``CHECKED_ENV_STEPS`` env steps; returns the agent steps taken. A trainer that runs out after
+    its first call keeps what was checked."""
+    agent_steps = trainer.iterate().agent_steps
+    env_steps = agent_steps
+    while own and env_steps < CHECKED_ENV_STEPS:
+        try:
+            done = trainer.iterate()
+        except TrainerExhausted:
+            break
+        agent_steps += done.agent_steps
+        env_steps += done.env_steps
+    return agent_steps
 
 
 def _end_to_end(live: _Live, measured: bool) -> dict[str, float | None]:
