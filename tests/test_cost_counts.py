@@ -83,3 +83,29 @@ def test_the_counts_benchmark_skips_a_count_the_machine_lacks() -> None:
         bench.track_instructions_per_env_step(counts, "ppo-cartpole", "baseline", "cpu")
     with pytest.raises(NotImplementedError):
         bench.setup(counts, "ppo-pendulum", "baseline", "cpu")
+
+
+def test_the_makefile_gates_every_count_but_the_instructions_at_a_factor_near_one() -> None:
+    import re
+
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    value = {line.split("?=", 1)[0].strip(): line.split("?=", 1)[1].strip()
+             for line in text.splitlines() if "?=" in line}
+    gated = re.compile(value["ASV_COUNTS"])
+    for name in ("aten_ops", "host_syncs", "float64_ops", "output_bytes", "python_calls"):
+        assert gated.search(f"bench_counts.CostCounts.track_{name}_per_env_step")
+    assert not gated.search("bench_counts.CostCounts.track_instructions_per_env_step")
+    assert re.compile(value["ASV_REPORTED"]).search("bench_counts.CostCounts.track_instructions_per_env_step")
+    assert not re.compile(value["ASV_GATED"]).search("bench_counts.CostCounts.track_host_syncs_per_env_step")
+    assert 1.0 < float(value["ASV_COUNT_FACTOR"]) <= 1.01
+    assert "make asv-counts BASE=HEAD~1" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_an_absent_device_is_skipped_by_the_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import bench_counts, common
+
+    monkeypatch.setattr(common, "available", lambda device: device == "cpu")
+    monkeypatch.setattr(bench_counts, "skip_unless_available", common.skip_unless_available)
+    for device in ("cuda", "mps"):
+        with pytest.raises(NotImplementedError, match=device):
+            bench_counts.CostCounts().setup({}, "ppo-cartpole", "baseline", device)
