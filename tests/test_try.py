@@ -221,8 +221,9 @@ class FakeRunner:
             return {"parity": {"nonfinite": 0}, "params": str(params)}
         jitter = 1.0 + 0.001 * (self.calls % 3)
         rate = 1000.0 * self.speed.get(arm.name, 1.0) * jitter
-        return {"result": {"status": "ok", "metrics": {"env_steps_per_sec": {"median": rate}, "host_syncs_per_step": 1.0},
-                           "stability": {"float64_ops": 0}, "quality": {"trustworthy": True, "reasons": []}}}
+        metrics = {"env_steps_per_sec": {"median": rate}, "host_syncs_per_step": 1.0}
+        return {"result": {"status": "ok", "metrics": metrics, "stability": {"float64_ops": 0},
+                           "quality": {"trustworthy": True, "reasons": []}}}
 
 
 def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: dict[str, float],
@@ -259,3 +260,17 @@ def test_an_interrupt_keeps_the_rounds_already_measured(monkeypatch: pytest.Monk
     assert {t.name: t.effect.rounds for t in report.trials} == {name: 1 for name in
                                                                ("no_change", "threads_1", "no_validate_args",
                                                                 "autocast_bf16")}
+
+
+def test_the_rounds_interval_keeps_its_level_with_three_rounds() -> None:
+    """A/A rounds (log-normal noise): the t interval excludes 1 in about 5 % of tries; a bootstrap of 3 rounds'
+    median (only their range) would in about 25 %."""
+    import numpy as np
+
+    from harness.stats.intervals import paired_ratio, paired_t_ratio
+
+    rng = np.random.default_rng(7)
+    tries = [np.exp(rng.normal(0.0, 0.1, size=(2, 3))) for _ in range(400)]
+    misses_t = sum(not r.low <= 1.0 <= r.high for r in (paired_t_ratio(list(b), list(c)) for b, c in tries))
+    misses_boot = sum(not r.low <= 1.0 <= r.high for r in (paired_ratio(list(b), list(c)) for b, c in tries))
+    assert misses_t / len(tries) < 0.09 and misses_boot / len(tries) > 0.15

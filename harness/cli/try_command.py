@@ -38,14 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--only", metavar="a,b,...", help=f"only these changes, whatever the diagnosis found "
                         f"(accepted: {accepted()})")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                        help=f"interleaved rounds, each arm once per round in a fresh process (default: {DEFAULT_ROUNDS})")
+                        help="interleaved rounds, each arm once per round in a fresh process (default: "
+                             f"{DEFAULT_ROUNDS})")
     parser.add_argument("--parity-iterations", type=int, default=DEFAULT_ITERATIONS,
-                        help=f"iterate() calls before the parameters are compared (default: {DEFAULT_ITERATIONS})")
+                        help="iterate() calls, and at least as many optimizer steps, before the parameters are "
+                             f"compared (default: {DEFAULT_ITERATIONS})")
     run_options(parser, steps_default="the file's run.steps; the diagnosis: 4096",
                 repeats_default="2 per arm in each round")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--patch", type=Path, metavar="OUT.diff",
-                        help="write the combination's changes as one unified diff (cd MODULE_FOLDER && patch -p1 < OUT.diff)")
+                        help="write the combination's changes as one unified diff (cd MODULE_FOLDER && "
+                             "patch -p1 < OUT.diff)")
     parser.add_argument("--force", action="store_true", help="with --patch: replace an existing file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -57,7 +60,7 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
 
     only = parse_only(args.only)
     if args.rounds < 2:
-        raise UserError(f"--rounds {args.rounds}: a verdict needs 2 rounds or more")
+        raise UserError(f"--rounds {args.rounds}: accepted: 2 or more (a verdict needs 3)")
     if args.parity_iterations < 1:
         raise UserError(f"--parity-iterations {args.parity_iterations}: accepted: 1 or more")
     if args.patch is not None:

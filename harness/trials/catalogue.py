@@ -28,6 +28,8 @@ class Change:
     group: str | None = None
     code: tuple[str, ...] = ()
     """Lines for the factory's first lines in ``--patch`` (``{torch}``: the module's name for torch)."""
+    always: bool = False
+    """Tried on every trainer, whatever fired: a setting whose effect no finding predicts."""
 
 
 CHANGES: dict[str, Change] = {c.name: c for c in (
@@ -35,7 +37,7 @@ CHANGES: dict[str, Change] = {c.name: c for c in (
            "none"),
     Change("threads_1", RUNTIME, "torch.set_num_threads(1) after the factory",
            "the same ops; a CPU reduction may be split differently, so the last bits may differ",
-           ("threads",), code=("{torch}.set_num_threads(1)",)),
+           ("threads",), code=("{torch}.set_num_threads(1)",), always=True),
     Change("fused_optimizer", RUNTIME, "torch.optim optimizers built with fused=True (foreach=True where fused "
            "does not run on the device or the class has none)",
            "the same update rule in one kernel over all parameters; rounding may differ in the last bits",
@@ -53,10 +55,11 @@ CHANGES: dict[str, Change] = {c.name: c for c in (
     Change("no_grad_acting", SOURCE, "the acting forward at the line found, under torch.no_grad()",
            "none: the same forward without recording its graph (a backward through it would raise)",
            ("acting_builds_graph",)),
-    Change("compile_modules", RUNTIME, "every nn.Module the factory built, .compile()d once built",
+    Change("compile_modules", RUNTIME, "every top-level nn.Module the factory built (a holder without forward: its "
+           "children) compiled once built; torch's compiler also turns distribution argument checks off in the process",
            "the same ops fused by the compiler; rounding may differ in the last bits", ("uncompiled_update",)),
     Change("autocast_bf16", RUNTIME, "each iterate() under torch.autocast(device type, dtype=torch.bfloat16)",
-           "matmuls and convolutions in bfloat16 (8-bit mantissa): results change", ("cuda_update",)),
+           "matmuls and convolutions in bfloat16 (8-bit mantissa): results change", ("cuda_update",), always=True),
     Change("matmul_precision", RUNTIME, "torch.set_float32_matmul_precision('high'): float32 matmuls in TF32",
            "float32 matmuls with TF32's 10-bit mantissa: results change slightly", ("cuda_update",), cuda_only=True,
            code=("{torch}.set_float32_matmul_precision('high')",)),

@@ -62,30 +62,38 @@ def _measure(spec: Any) -> dict[str, Any]:
 
 
 def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
-    """``iterations`` calls; the parameters when first built (after the factory, or a generator's first call)
-    and after the last call, saved for ``parity``."""
+    """``iterations`` calls, then more until as many optimizer steps were taken (a generator that yields every env
+    step), up to the run's warm-up and steps in env steps; the parameters when first built (after the factory, or a
+    generator's first call) and after the last call, saved for ``parity``."""
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from harness.measurement.metrics import TimingProbe
     from harness.measurement.runner import resolve_specs
 
     (resolution,) = resolve_specs([spec])
+    cap = resolution.config.run.warmup_steps + resolution.config.run.steps
+    steps = [0]
+    handle = register_optimizer_step_post_hook(lambda *_: steps.__setitem__(0, steps[0] + 1))
     trainer = spec.build(resolution, probe=TimingProbe())
     try:
-        calls = 0
+        calls = env_steps = 0
         if not trainer.inner.modules:  # a generator builds them in its first call
-            trainer.iterate()
+            env_steps += trainer.iterate().env_steps
             calls = 1
         initial = _parameters(trainer.inner.modules)
-        for _ in range(calls, iterations):
-            trainer.iterate()
+        while calls < iterations or (steps[0] < iterations and env_steps < cap):
+            env_steps += trainer.iterate().env_steps
+            calls += 1
         modules = trainer.inner.modules
         final = _parameters(modules)
     finally:
+        handle.remove()
         trainer.close()
     torch.save({"initial": initial, "final": final}, params_out)
     nonfinite = sum(int((~torch.isfinite(v)).sum()) for v in final.values() if v.is_floating_point())
-    return {"parity": {"modules": [type(m).__name__ for m in modules], "tensors": len(final), "nonfinite": nonfinite}}
+    return {"parity": {"modules": [type(m).__name__ for m in modules], "tensors": len(final), "nonfinite": nonfinite,
+                       "calls": calls, "optimizer_steps": steps[0]}}
 
 
 def _parameters(modules: list[Any]) -> dict[str, Any]:

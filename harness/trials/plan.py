@@ -45,15 +45,15 @@ def sites_of(name: str, d: dict[str, Any]) -> list[str]:
 
 
 def candidates(d: dict[str, Any], only: list[str] | None) -> list[Candidate]:
-    """The changes to try, in catalogue order: every change one of whose rules fired in ``d`` (``only``: those
-    named, whatever fired)."""
+    """The changes to try, in catalogue order: every change one of whose rules fired in ``d``, and those tried
+    always (threads, autocast) (``only``: those named, whatever fired)."""
     fired = {r["rule"] for r in d.get("recommendations", [])}
     on_cuda = str(d.get("device", "cpu")).startswith("cuda")
     chosen = []
     for name, change in CHANGES.items():
         if only is not None and name not in only:
             continue
-        if only is None and not fired & set(change.rules):
+        if only is None and not (change.always or fired & set(change.rules)):
             continue
         candidate = Candidate(change, sites_of(name, d))
         if change.cuda_only and not on_cuda:

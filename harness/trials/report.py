@@ -39,8 +39,11 @@ def table(report: TryReport) -> str:
     for trial in tried:
         lines.append(f"| {trial.name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
                      f"{trial.verdict} |")
-    lines += ["", f"Effect: changed / unchanged env steps/s, the median of {report.rounds} interleaved rounds in fresh "
-              f"processes; maths: the parameters after {report.iterations} iterate() calls from the seed."]
+    lines += ["", f"Effect: changed / unchanged env steps/s, the median over interleaved rounds in fresh processes "
+              f"({report.rounds} planned); maths: the parameters after {report.iterations} iterate() calls (and at "
+              f"least {report.iterations} optimizer steps) from the seed."]
+    if report.interrupted:
+        lines.append("Interrupted: the rounds finished before it are shown.")
     measured = [t.effect for t in tried if t.effect and t.effect.runs]
     bad = sum(e.untrustworthy_runs for e in measured)
     if bad:

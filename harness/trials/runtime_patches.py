@@ -4,7 +4,7 @@ imported, and a factory wrapper that applies the rest around the factory and eac
 - ``apply_process_changes``: distribution checks off, optimizer classes patched (fused / foreach),
   TF32 matmuls, cuDNN benchmark;
 - ``trial_factory``: the user's factory with threads set after it, the modules it built recorded (torch's
-  global parameter and submodule registration hooks, during the factory and the first ``iterate()``, for a
+  global parameter and submodule registration hooks, during the factory and the first ``iterate()``: a
   generator builds them there), compiled where asked, and each ``iterate()`` under autocast where asked.
 Guarded by ``tests/test_try.py``.
 """
@@ -133,7 +133,7 @@ class TrialTrainer:
     def _compile_found(self) -> None:
         if "compile_modules" not in self._names:
             return
-        for module in self._recorder.top_level():
+        for module in callable_roots(self._recorder.top_level()):
             if id(module) not in self._compiled:
                 compile_module(module)
                 self._compiled.add(id(module))
@@ -151,6 +151,18 @@ class TrialTrainer:
 
     def close(self) -> None:
         self._inner.close()
+
+
+def callable_roots(modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules to compile: each top-level module with a ``forward``; for a holder without one (CleanRL's
+    ``Agent``, called through ``get_action_and_value``), its children, and so on down."""
+    roots = []
+    for module in modules:
+        if type(module).forward is nn.Module.forward:
+            roots += callable_roots(list(module.children()))
+        else:
+            roots.append(module)
+    return roots
 
 
 def compile_module(module: nn.Module) -> None:

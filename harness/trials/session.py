@@ -106,7 +106,8 @@ def _diff(names: list[str], edited: dict[Path, tuple[str, str]], factory: tuple[
 def _parities(runner: ArmRunner, trials: list[Trial], iterations: int, report: TryReport,
               say: Callable[[str], None]) -> dict[str, Any]:
     """Each trial's parity against the unchanged trainer's (run twice: its own noise); the reference's answer."""
-    say(f"try: the maths: {iterations} iterate() calls from the seed, unchanged twice and each change once")
+    say(f"try: the maths: {iterations} iterate() calls (at least {iterations} optimizer steps) from the seed, "
+        "unchanged twice and each change once")
     first = runner.run(Arm(rounds.UNCHANGED), "parity", iterations)
     second = runner.run(Arm(rounds.UNCHANGED), "parity", iterations) if "error" not in first else first
     if "error" in first or "error" in second:
@@ -189,6 +190,9 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
         runner = ArmRunner(target, workdir)
         try:
             reference = _parities(runner, live, iterations, report, say)
+            for trial in live:
+                if trial.optimizers and trial.arm is not None:  # the patch names what the arm built (fused/foreach)
+                    trial.diff = _diff([trial.name], trial.arm.edited, factory, trial.optimizers)
             measured = [t for t in live if t.error is None]
             effects: dict[str, rounds.Effect] = {}
             for trial in measured:
