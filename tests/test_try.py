@@ -274,3 +274,27 @@ def test_the_rounds_interval_keeps_its_level_with_three_rounds() -> None:
     misses_t = sum(not r.low <= 1.0 <= r.high for r in (paired_t_ratio(list(b), list(c)) for b, c in tries))
     misses_boot = sum(not r.low <= 1.0 <= r.high for r in (paired_ratio(list(b), list(c)) for b, c in tries))
     assert misses_t / len(tries) < 0.09 and misses_boot / len(tries) > 0.15
+
+
+def test_diagnose_try_hands_its_findings_to_the_trials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``diagnose --try`` runs try's trials on the recommendations it printed; a preset is refused before anything
+    runs."""
+    import harness.cli.try_command as try_command
+
+    shutil.copy(TESTS / "planted_trainer.py", tmp_path / "try_planted.py")
+    (tmp_path / "planted.yaml").write_text(PLANTED_YAML)
+    seen: dict[str, Any] = {}
+
+    def trials(args: Any, spec: Any, resolution: Any, label: str, found: dict, only: Any) -> int:
+        seen.update(found=found, rounds=args.rounds, only=only)
+        return 0
+
+    monkeypatch.setattr(try_command, "try_changes", trials)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["diagnose", str(tmp_path / "planted.yaml"), "--try", "--device", "cpu", "--steps", "64"])
+    out = capsys.readouterr().out
+    assert code == 0 and "## Trying the changes" in out
+    assert "float64" in {r["rule"] for r in seen["found"]["recommendations"]} and seen["only"] is None
+    assert main(["diagnose", "ppo-cartpole", "--try"]) == 2
+    assert "--try" in capsys.readouterr().err

@@ -77,6 +77,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           help="the variant diagnosed (default: baseline, or a file's only variant)")
     run_options(diagnose, steps_default="4096 for diagnose", repeats_default="not used by diagnose")
     diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    diagnose.add_argument("--try", dest="try_changes", action="store_true",
+                          help="your own trainer: then try each change the recommendations name (rlgauge try, with "
+                               "its default rounds; docs/try.md)")
     diagnose.add_argument("--compile-check", action="store_true",
                           help="also try torch.compile on a tiny function on the device (seconds; off by default)")
     diagnose.add_argument("--no-compile-check", dest="compile_check", action="store_false",
@@ -286,6 +289,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from harness.measurement.runner import resolve_specs
 
     spec, target = _diagnose_spec(args)
+    if getattr(args, "try_changes", False):
+        _check_try(spec, target)
     (resolution,) = resolve_specs([spec])
     text = not args.json
     env_report = environment_report(compile_device=resolution.device.type, check_compile=args.compile_check)
@@ -302,7 +307,30 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     _print_diagnosis(args, env_report, result, report_lines)
+    if getattr(args, "try_changes", False):
+        return _try_after(args, spec, resolution, target, result)
     return EXIT_OK
+
+
+def _check_try(spec: object, target: str) -> None:
+    """``--try`` takes a user's own trainer: a preset is refused before anything runs."""
+    from harness.specs.own_trainer import OwnConfig
+
+    if not isinstance(spec.config, OwnConfig):  # type: ignore[attr-defined]
+        raise UserError(f"diagnose {target} --try: rlgauge's presets have their flags measured by rlgauge ablate; "
+                        "accepted: your own trainer (FILE.yaml with trainer:, or --trainer)")
+
+
+def _try_after(args: argparse.Namespace, spec: object, resolution: object, target: str, result: dict) -> int:
+    """``diagnose --try``: the recommendations' changes tried on the user's trainer (``rlgauge try``'s trials)."""
+    from harness.cli.try_command import try_changes
+    from harness.trials.parity import DEFAULT_ITERATIONS
+    from harness.trials.rounds import DEFAULT_ROUNDS
+
+    args.rounds, args.parity_iterations, args.patch = DEFAULT_ROUNDS, DEFAULT_ITERATIONS, None
+    args.quiet = getattr(args, "quiet", False)
+    print("\n## Trying the changes", flush=True)
+    return try_changes(args, spec, resolution, target, result, None)
 
 
 def _print_diagnosis(args: argparse.Namespace, env_report: dict, result: dict, report_lines: object) -> None:

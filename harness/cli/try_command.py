@@ -90,10 +90,6 @@ def cmd_try(args: argparse.Namespace) -> int:
     from harness.cli.analysis_commands import _diagnose_spec
     from harness.measurement.runner import resolve_specs
     from harness.specs.own_trainer import OwnConfig
-    from harness.trials import report as report_module
-    from harness.trials.plan import candidates
-    from harness.trials.session import run_try
-    from reference_trainers.state.atomic_file import write_text_atomically
 
     only = _check_options(args)
     if args.trainer is None and (args.target is None or not args.target.endswith((".yaml", ".yml"))):
@@ -114,11 +110,26 @@ def cmd_try(args: argparse.Namespace) -> int:
         return EXIT_CHECK_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    return try_changes(args, spec, resolution, label, found, only)
+
+
+def try_changes(args: argparse.Namespace, spec: object, resolution: object, label: str, found: dict,
+                only: list[str] | None) -> int:
+    """The trials after a diagnosis ``found`` (``rlgauge try``, ``rlgauge diagnose --try``): the table or JSON,
+    the patch, the exit code."""
+    from harness.trials import report as report_module
+    from harness.trials.plan import candidates
+    from harness.trials.session import run_try
+    from reference_trainers.state.atomic_file import write_text_atomically
+
+    say = (lambda _text: None) if getattr(args, "quiet", False) else \
+        (lambda text: print(text, file=sys.stderr, flush=True))
     chosen = candidates(found, only)
     say("try: candidates: " + (", ".join(c.change.name + (" (not tried)" if c.skip else "") for c in chosen)
                                or "none (no finding points to a change this command makes)"))
     target, factory = _target(args, spec)
-    result = run_try(target, label, str(resolution.device), chosen, factory, args.rounds, args.parity_iterations, say)
+    result = run_try(target, label, str(resolution.device), chosen, factory, args.rounds,  # type: ignore[attr-defined]
+                     args.parity_iterations, say)
     if args.json:
         print(json.dumps(report_module.as_json(result), indent=2))
     else:
@@ -129,7 +140,7 @@ def cmd_try(args: argparse.Namespace) -> int:
     if result.interrupted:
         print("rlgauge: interrupted; the trials above are those measured before it", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if args.patch is not None:
+    if getattr(args, "patch", None) is not None:
         if result.patch:
             write_text_atomically(args.patch, result.patch)
             folder = factory[0].parent if factory[0] is not None else Path.cwd()

@@ -224,15 +224,23 @@ def recommend(d: dict[str, Any], target: str, effects: Path | None = None) -> li
             continue
         flag = rule.flag
         check = (f"rlgauge run {target} --variant {_flag_variant(flag)}" if d["kind"] == "preset" else
-                 own_check(rule.variant, target, d["variant"]))
+                 own_check(rule.variant, target, d["variant"], rule.name))
         found.append({"rule": rule.name, "change": rule.change, "why": rule.why, "evidence": evidence,
                       "effect": effect_of(flag, d["device"], effects), "check": check})
     return found
 
 
-def own_check(variant: str, target: str, diagnosed: str) -> str:
-    """How to measure a change on a user's trainer: a variant added to its YAML (a switch the factory reads)
-    and the ``rlgauge run`` that measures it against the diagnosed variant, interleaved."""
+def own_check(variant: str, target: str, diagnosed: str, rule: str = "") -> str:
+    """How to measure a change on a user's trainer: ``rlgauge try --only`` where it makes the change itself, and a
+    variant added to its YAML (a switch the factory reads) with the ``rlgauge run`` that measures it."""
+    from harness.trials.catalogue import CHANGES
+
+    tried = [c.name for c in CHANGES.values() if rule in c.rules]
+    by_try = f"without editing: rlgauge try {target} --only {','.join(tried)}; or " if tried else ""
+    return by_try + _own_variant_check(variant, target, diagnosed)
+
+
+def _own_variant_check(variant: str, target: str, diagnosed: str) -> str:
     name = variant.split(":")[0]
     path = target.split("--config ", 1)[1].strip() if "--config " in target else target
     if not path.endswith((".yaml", ".yml")):
