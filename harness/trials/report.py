@@ -17,10 +17,11 @@ def _where(trial: Trial) -> str:
 
 
 def _effect(trial: Trial) -> str:
-    ratio = trial.effect.ratio() if trial.effect else None
+    ratio = trial.ratio
     if ratio is None:
         return "-"
-    return f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]" + ("" if trial.effect.trustworthy else " *")
+    basis = " (CPU time)" if trial.basis == "CPU time" else ""
+    return f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]{basis}" + ("" if trial.effect.trustworthy else " *")
 
 
 def _maths(trial: Trial) -> str:
@@ -40,7 +41,9 @@ def table(report: TryReport) -> str:
         lines.append(f"| {trial.name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
                      f"{trial.verdict} |")
     lines += ["", f"Effect: changed / unchanged env steps/s, the median over interleaved rounds in fresh processes "
-              f"({report.rounds} planned); maths: the parameters after {report.iterations} iterate() calls (and at "
+              f"({report.rounds} planned); where other processes' load made the runs untrustworthy, the speedup in "
+              "the process's own CPU time (unchanged / changed CPU seconds per 1k env steps), marked (CPU time), "
+              "except for a change of the thread count; maths: the parameters after {report.iterations} iterate() calls (and at "
               f"least {report.iterations} optimizer steps) from the seed."]
     if report.interrupted:
         lines.append("Interrupted: the rounds finished before it are shown.")
@@ -93,8 +96,13 @@ def _combined_line(report: TryReport) -> str:
     return f"Combined ({names}): {_effect(combined)}, maths {_maths(combined)}: {combined.verdict}."
 
 
-def _ratio(trial: Trial | None) -> dict[str, float] | None:
-    ratio = trial.effect.ratio() if trial is not None and trial.effect else None
+def _ratio(trial: Trial | None) -> dict[str, Any] | None:
+    ratio = trial.ratio if trial is not None else None
+    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n,
+                                       "basis": trial.basis}
+
+
+def _plain(ratio: Any) -> dict[str, float] | None:
     return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n}
 
 
@@ -102,6 +110,8 @@ def _trial(trial: Trial) -> dict[str, Any]:
     effect = trial.effect
     return {"change": trial.name, "kind": trial.change.kind, "where": [w for _, w in trial.edits] or trial.sites,
             "does": trial.change.does, "maths": trial.change.maths, "ratio": _ratio(trial),
+            "wall_ratio": _plain(effect.ratio()) if effect else None,
+            "cpu_ratio": _plain(effect.cpu_ratio()) if effect else None,
             "trustworthy": effect.trustworthy if effect and effect.rounds else None,
             "untrustworthy_runs": f"{effect.untrustworthy_runs} of {effect.runs}" if effect else None,
             "untrustworthy_reasons": effect.reasons if effect else [], "verdict": trial.verdict,

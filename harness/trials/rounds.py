@@ -30,6 +30,9 @@ class Effect:
 
     unchanged: list[float] = field(default_factory=list)
     changed: list[float] = field(default_factory=list)
+    unchanged_cpu: list[float] = field(default_factory=list)
+    changed_cpu: list[float] = field(default_factory=list)
+    """Process CPU seconds per 1k env steps of each round (the median of the arm's repeats)."""
     reasons: list[str] = field(default_factory=list)
     """Why a run was not trustworthy (its quality verdict), each once."""
     runs: int = 0
@@ -48,11 +51,31 @@ class Effect:
         return not self.reasons
 
     def ratio(self) -> Ratio | None:
+        """Changed / unchanged env steps/s (wall time)."""
         return paired_t_ratio(self.unchanged, self.changed) if self.changed else None
+
+    def cpu_ratio(self) -> Ratio | None:
+        """Unchanged / changed CPU seconds per 1k env steps: the speedup in the CPU the trainer's process used,
+        which other processes' load leaves alone (None where a run gave no CPU time)."""
+        if not self.changed_cpu or len(self.changed_cpu) != len(self.changed):
+            return None
+        return paired_t_ratio(self.changed_cpu, self.unchanged_cpu)
+
+    def deciding(self, cpu_comparable: bool = True) -> tuple[Ratio | None, str]:
+        """The ratio a verdict rests on and its basis: wall time, or, where other processes' load made a run
+        untrustworthy and the change keeps the thread count, CPU time."""
+        cpu = self.cpu_ratio()
+        if not self.trustworthy and cpu_comparable and cpu is not None:
+            return cpu, "CPU time"
+        return self.ratio(), "wall time"
 
     def add(self, base: dict[str, Any], arm: dict[str, Any]) -> None:
         self.unchanged.append(rate(base))
         self.changed.append(rate(arm))
+        cpu = (_median(base, "cpu_seconds_per_1k_env_steps"), _median(arm, "cpu_seconds_per_1k_env_steps"))
+        if None not in cpu:
+            self.unchanged_cpu.append(cpu[0])
+            self.changed_cpu.append(cpu[1])
         for answer in (base, arm):
             quality = answer["result"].get("quality") or {}
             self.runs += 1
@@ -76,6 +99,11 @@ def failure(answer: dict[str, Any]) -> str | None:
 
 def rate(answer: dict[str, Any]) -> float:
     return float(answer["result"]["metrics"]["env_steps_per_sec"]["median"])
+
+
+def _median(answer: dict[str, Any], key: str) -> float | None:
+    block = answer["result"].get("metrics", {}).get(key)
+    return float(block["median"]) if isinstance(block, dict) and block.get("median") else None
 
 
 def _metric(answer: dict[str, Any], key: str) -> Any:

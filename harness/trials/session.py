@@ -48,7 +48,17 @@ class Trial:
     def verdict(self) -> str:
         if self.error is not None:
             return f"failed: {self.error}"
-        return rounds.verdict(self.effect.ratio() if self.effect else None)
+        return rounds.verdict(self.ratio)
+
+    @property
+    def ratio(self):  # noqa: ANN201 - a Ratio or None
+        """The ratio the verdict rests on (``rounds.Effect.deciding``)."""
+        return self.effect.deciding(self.change.cpu_comparable)[0] if self.effect else None
+
+    @property
+    def basis(self) -> str | None:
+        """``wall time`` or ``CPU time``: what the verdict's ratio measures."""
+        return self.effect.deciding(self.change.cpu_comparable)[1] if self.effect and self.effect.changed else None
 
     @property
     def qualifies(self) -> bool:
@@ -138,7 +148,7 @@ def members(trials: list[Trial]) -> list[Trial]:
             continue
         key = trial.change.group or trial.name
         best = chosen.get(key)
-        if best is None or trial.effect.ratio().value > best.effect.ratio().value:  # type: ignore[union-attr]
+        if best is None or trial.ratio.value > best.ratio.value:  # type: ignore[union-attr]
             chosen[key] = trial
     return [t for t in trials if t in chosen.values()]
 
