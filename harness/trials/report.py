@@ -43,7 +43,8 @@ def table(report: TryReport) -> str:
     lines += ["", f"Effect: changed / unchanged env steps/s, the median over interleaved rounds in fresh processes "
               f"({report.rounds} planned); where other processes' load made the runs untrustworthy, the speedup in "
               "the process's own CPU time (unchanged / changed CPU seconds per 1k env steps), marked (CPU time), "
-              "except for a change of the thread count; maths: the parameters after {report.iterations} iterate() calls (and at "
+              "except for a change of the thread count; "
+              f"maths: the parameters after {report.iterations} iterate() calls (and at "
               f"least {report.iterations} optimizer steps) from the seed."]
     if report.interrupted:
         lines.append("Interrupted: the rounds finished before it are shown.")
