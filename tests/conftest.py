@@ -44,6 +44,20 @@ def _restore_process_settings() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _distribution_checks_on() -> Iterator[None]:
+    """torch's first compile in a process turns distribution argument checks off for good
+    (``Distribution.set_default_validate_args(False)`` in dynamo's set-up): each test starts from torch's
+    default, whatever a test before it compiled."""
+    import torch
+
+    distribution = torch.distributions.Distribution
+    saved = distribution._validate_args
+    distribution.set_default_validate_args(True)
+    yield
+    distribution.set_default_validate_args(saved)
+
+
+@pytest.fixture(autouse=True)
 def _quiet_machine_for_fair_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """``run.fair_threads`` samples the cores other processes keep busy; under pytest -n the other
     workers are those processes, and a cap that comes and goes would change thread counts (and
