@@ -30,9 +30,6 @@ class Change:
     """Lines for the factory's first lines in ``--patch`` (``{torch}``: the module's name for torch)."""
     always: bool = False
     """Tried on every trainer, whatever fired: a setting whose effect no finding predicts."""
-    cpu_comparable: bool = True
-    """Its CPU time can stand for its speed on a loaded machine (not a change of the thread count: more threads
-    use more CPU to take less wall time)."""
 
 
 CHANGES: dict[str, Change] = {c.name: c for c in (
@@ -40,8 +37,7 @@ CHANGES: dict[str, Change] = {c.name: c for c in (
            "none"),
     Change("threads_1", RUNTIME, "torch.set_num_threads(1) after the factory",
            "the same ops; a CPU reduction may be split differently, so the last bits may differ",
-           ("threads",), code=("{torch}.set_num_threads(1)",), always=True,
-           cpu_comparable=False),
+           ("threads",), code=("{torch}.set_num_threads(1)",), always=True),
     Change("fused_optimizer", RUNTIME, "torch.optim optimizers built with fused=True (foreach=True where fused "
            "does not run on the device or the class has none)",
            "the same update rule in one kernel over all parameters; rounding may differ in the last bits",

@@ -20,8 +20,7 @@ def _effect(trial: Trial) -> str:
     ratio = trial.ratio
     if ratio is None:
         return "-"
-    basis = " (CPU time)" if trial.basis == "CPU time" else ""
-    return f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]{basis}" + ("" if trial.effect.trustworthy else " *")
+    return f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]" + ("" if trial.effect.trustworthy else " *")
 
 
 def _maths(trial: Trial) -> str:
@@ -41,9 +40,7 @@ def table(report: TryReport) -> str:
         lines.append(f"| {trial.name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
                      f"{trial.verdict} |")
     lines += ["", f"Effect: changed / unchanged env steps/s, the median over interleaved rounds in fresh processes "
-              f"({report.rounds} planned); where other processes' load made the runs untrustworthy, the speedup in "
-              "the process's own CPU time (unchanged / changed CPU seconds per 1k env steps), marked (CPU time), "
-              "except for a change of the thread count; "
+              f"({report.rounds} planned); "
               f"maths: the parameters after {report.iterations} iterate() calls (and at "
               f"least {report.iterations} optimizer steps) from the seed."]
     if report.interrupted:
@@ -99,8 +96,7 @@ def _combined_line(report: TryReport) -> str:
 
 def _ratio(trial: Trial | None) -> dict[str, Any] | None:
     ratio = trial.ratio if trial is not None else None
-    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n,
-                                       "basis": trial.basis}
+    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n}
 
 
 def _plain(ratio: Any) -> dict[str, float] | None:

@@ -56,18 +56,12 @@ class Effect:
 
     def cpu_ratio(self) -> Ratio | None:
         """Unchanged / changed CPU seconds per 1k env steps: the speedup in the CPU the trainer's process used,
-        which other processes' load leaves alone (None where a run gave no CPU time)."""
+        which other processes' load leaves alone (None where a run gave no CPU time). Reported, never the
+        verdict: on a VM the CPU time of the same work drifts over seconds (docs/tracking.md), and its tighter
+        interval over a few rounds calls an identical arm faster or slower too often."""
         if not self.changed_cpu or len(self.changed_cpu) != len(self.changed):
             return None
         return paired_t_ratio(self.changed_cpu, self.unchanged_cpu)
-
-    def deciding(self, cpu_comparable: bool = True) -> tuple[Ratio | None, str]:
-        """The ratio a verdict rests on and its basis: wall time, or, where other processes' load made a run
-        untrustworthy and the change keeps the thread count, CPU time."""
-        cpu = self.cpu_ratio()
-        if not self.trustworthy and cpu_comparable and cpu is not None:
-            return cpu, "CPU time"
-        return self.ratio(), "wall time"
 
     def add(self, base: dict[str, Any], arm: dict[str, Any]) -> None:
         self.unchanged.append(rate(base))

@@ -52,13 +52,8 @@ class Trial:
 
     @property
     def ratio(self):  # noqa: ANN201 - a Ratio or None
-        """The ratio the verdict rests on (``rounds.Effect.deciding``)."""
-        return self.effect.deciding(self.change.cpu_comparable)[0] if self.effect else None
-
-    @property
-    def basis(self) -> str | None:
-        """``wall time`` or ``CPU time``: what the verdict's ratio measures."""
-        return self.effect.deciding(self.change.cpu_comparable)[1] if self.effect and self.effect.changed else None
+        """The ratio the verdict rests on: changed / unchanged env steps/s (wall time)."""
+        return self.effect.ratio() if self.effect else None
 
     @property
     def qualifies(self) -> bool:
