@@ -227,3 +227,36 @@ def test_run_checks_a_generator_over_whole_updates_as_diagnose_audits_it(
     assert code == 0, capsys.readouterr().err
     (run,) = json.loads((tmp_path / "r.json").read_text())["runs"]
     assert run["metrics"]["host_syncs_per_step"] == pytest.approx(1.0 + 4 / 10, abs=0.02)
+
+
+def test_a_variant_keeps_its_distribution_checks_when_another_turns_them_off_in_the_process() -> None:
+    """torch's first compile turns distribution argument checks off process-wide; interleaved variants each run with
+    the default their own factory and calls left, as they would in processes of their own."""
+    import torch
+
+    from harness.specs.own_trainer import OwnConfig, OwnTrainer
+
+    seen: list[bool] = []
+
+    class Checks:
+        def __init__(self, turns_off: bool) -> None:
+            self.turns_off = turns_off
+
+        def iterate(self) -> int:
+            seen.append(bool(torch.distributions.Distribution._validate_args))
+            if self.turns_off:  # what a compile inside the call does
+                torch.distributions.Distribution.set_default_validate_args(False)
+            return 1
+
+        def close(self) -> None:
+            pass
+
+    def factory(turns_off: bool):  # noqa: ANN202 - a factory
+        return lambda config, *, device, seed: Checks(turns_off)
+
+    compiling = OwnTrainer(factory(True), OwnConfig("t:compiling", {}), "cpu", None)
+    plain = OwnTrainer(factory(False), OwnConfig("t:plain", {}), "cpu", None)
+    for _ in range(2):
+        compiling.iterate()
+        plain.iterate()
+    assert seen == [True, True, False, True]  # the compiling variant keeps what its call left; the other its own

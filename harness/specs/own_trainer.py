@@ -312,6 +312,9 @@ class OwnTrainer:
         self.optimizer_steps = OptimizerSteps()  # the updates of a call whose result does not carry its own
         self._unhook = weakref.finalize(self, self.optimizer_steps.remove)  # also if never closed
         self.torch_threads = torch.get_num_threads()
+        self.validate_args = _distribution_checks()
+        """The distribution-argument-checks default this trainer runs with: what its factory left, and what its own
+        calls leave (torch's first compile in a process turns it off for the whole process)."""
         self.env_steps = 0
         self.iterations = 0
         self.threads_warned = False
@@ -321,6 +324,8 @@ class OwnTrainer:
 
         if torch.get_num_threads() != self.torch_threads:
             torch.set_num_threads(self.torch_threads)
+        if _distribution_checks() != self.validate_args:  # another variant compiled in this process since
+            torch.distributions.Distribution.set_default_validate_args(self.validate_args)
 
     def iterate(self) -> Any:
         from reference_trainers.runtime.trainer import IterationResult
@@ -341,6 +346,7 @@ class OwnTrainer:
                             self.label, torch.get_num_threads(), self.torch_threads)
                 self.threads_warned = True
             self.torch_threads = torch.get_num_threads()
+        self.validate_args = _distribution_checks()
         env_steps, agent_steps, updates = step_count(done, f"--trainer {self.label}", self.optimizer_steps.count)
         self.env_steps += env_steps
         self.iterations += 1
@@ -382,6 +388,13 @@ class OwnTrainer:
             self.inner.close()
         finally:
             self._unhook()
+
+
+def _distribution_checks() -> bool:
+    """torch.distributions' process-wide default for argument checks."""
+    import torch
+
+    return bool(torch.distributions.Distribution._validate_args)
 
 
 def own_builder(factory_text: str, search: list[Path] | None = None,
