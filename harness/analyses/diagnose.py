@@ -19,13 +19,11 @@ reported with the error (``DiagnosisFailed``).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-from torch.optim import optimizer as optim_module
 
 from reference_trainers import build_trainer
 from reference_trainers.config.errors import ConfigError
@@ -72,20 +70,6 @@ class _Pass:
     optimizer_steps: int = 0
 
 
-@contextlib.contextmanager
-def _optimizer_steps(into: _Pass) -> Iterator[None]:
-    """Optimizer steps taken meanwhile counted into ``into`` (torch's global step hook: cheap)."""
-
-    def count(*_: Any) -> None:
-        into.optimizer_steps += 1
-
-    handle = optim_module.register_optimizer_step_post_hook(count)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def calls_per_update(stepping_calls: list[int]) -> int:
     """The calls a block takes so that each holds whole updates: the median distance between the warm-up's calls
     that stepped an optimizer (a generator yielding every env step, updating every 10th: 10); 1 where fewer than
@@ -121,8 +105,7 @@ def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None, counter
         clock.start_window()
     start = time.perf_counter()
     try:
-        with _optimizer_steps(into):
-            done = trainer.iterate()
+        done = trainer.iterate()
     except (StopIteration, TrainerExhausted):
         return False
     finally:
@@ -132,6 +115,7 @@ def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None, counter
             counters.resolve(None)
     into.seconds += time.perf_counter() - start
     into.env_steps += done.env_steps
+    into.optimizer_steps += done.updates  # a user's trainer: its optimizer steps unless it reports its own
     into.calls += 1
     return True
 
