@@ -12,17 +12,17 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rlgauge-installed
 
-# asv continuous (the merge gate): the CPU-time benchmarks (TrainingCpuTime, InferenceCpuTime:
-# process CPU seconds, 3 processes per commit interleaved, samples judged by asv's Mann-Whitney
-# test) and peak host memory; fails when one got worse by more than ASV_FACTOR *and* asv's test
-# calls the difference significant. ASV_FACTOR is `rlgauge asv-calibrate`'s rule applied to every
-# A/A run measured on 2-core machines, quiet and loaded (docs/tracking.md: the largest ratio asv
-# acted on between identical commits was 1.665); planted 30 % CPU slowdowns still fail at it.
+# asv continuous (the merge gate): each preset variant's training and acting CPU cost in units of a fixed
+# yardstick (benchmarks/bench_relative.py: trainer slices alternate with slices of benchmarks/reference_work.py
+# in one process per commit, so the machine's drifting speed cancels) and peak host memory; fails when one
+# got worse by more than ASV_FACTOR. ASV_FACTOR comes from A/A runs of this command on a 2-core machine
+# (docs/tracking.md: the largest A/A ratio, with a margin); planted 20 % same-thread slowdowns exceed it.
 # Calibrate your runner's own with `rlgauge asv-calibrate` and set it here.
-# The wall-time benchmarks (track_*, time_select_actions, Replay) and device memory: asv-report.
-ASV_FACTOR ?= 1.75
-ASV_GATED ?= CpuTime|peakmem_
-ASV_REPORTED ?= track_seconds_per_1k|time_select_actions|Replay|peak_device|track_instructions
+# The wall-time benchmarks (track_*, time_select_actions, Replay), the raw CPU-time ones and device
+# memory: asv-report.
+ASV_FACTOR ?= 1.12
+ASV_GATED ?= RelativeCost|peakmem_
+ASV_REPORTED ?= track_seconds_per_1k|time_select_actions|CpuTime|Replay|peak_device|track_instructions
 BASE ?= HEAD~1
 HEAD_REF ?= HEAD
 # asv-counts (a merge gate): the deterministic cost counts per env step (benchmarks/bench_counts.py: aten

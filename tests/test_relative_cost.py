@@ -1,0 +1,154 @@
+"""The gated timing benchmarks (``benchmarks/bench_relative.py``): a trainer's CPU time divided by a
+fixed yardstick's, slice by slice, so that the machine's speed cancels and the code's cost stays."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from benchmarks import bench_relative, common, reference_work
+
+
+@pytest.fixture(autouse=True)
+def _process_settings_restored():  # noqa: ANN202 - a fixture
+    from reference_trainers.runtime import device as dev
+
+    saved = dev.process_settings()
+    yield
+    dev.restore_process_settings(saved)
+
+
+def _busy(seconds: float) -> None:
+    end = reference_work.cpu_seconds() + seconds
+    while reference_work.cpu_seconds() < end:
+        pass
+
+
+class _FakeReference:
+    """A yardstick whose slices cost what the test says: the machine's speed, as the slices see it."""
+
+    def __init__(self, speed: list[float]) -> None:
+        self.speed = speed  # the machine's slowness factor, changed by the slots below
+
+    def unit(self) -> None:
+        pass
+
+    def slice(self) -> float:
+        return 0.01 * self.speed[0]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_slot_costs_its_cpu_time_over_the_mean_of_the_reference_slices_around_it() -> None:
+    speed = [1.0]
+
+    def slot(repeats: int) -> float:
+        _busy(0.004 * repeats)
+        return float(repeats)
+
+    (cost,) = reference_work.measure_paired([slot], rounds=3, reference=_FakeReference(speed), min_slice_seconds=0.0)
+    assert len(cost.ratios) == 3
+    assert cost.median == pytest.approx(0.4, rel=0.25)  # 4 ms of work per 10 ms reference slice
+
+
+def test_a_machine_that_slows_down_slows_the_reference_alike_and_the_ratio_holds() -> None:
+    """The machine halves its speed between rounds: raw slot time doubles, the yardstick's too."""
+    speed = [1.0]
+    spent: list[float] = []
+
+    def slot(repeats: int) -> float:
+        start = reference_work.cpu_seconds()
+        _busy(0.003 * speed[0])
+        spent.append(reference_work.cpu_seconds() - start)
+        return 1.0
+
+    reference = _FakeReference(speed)
+    costs = []
+    for slowness in (1.0, 2.0):
+        speed[0] = slowness
+        costs.append(reference_work.measure_paired([slot], rounds=3, reference=reference, min_slice_seconds=0.0)[0])
+    assert spent[-1] > 1.5 * spent[0]
+    assert costs[1].median == pytest.approx(costs[0].median, rel=0.25)
+
+
+def test_slices_are_repeated_up_to_the_minimum_cpu_time() -> None:
+    calls: list[int] = []
+
+    def slot(repeats: int) -> float:
+        calls.append(repeats)
+        _busy(0.001 * repeats)
+        return float(repeats)
+
+    reference_work.measure_paired([slot], rounds=2, reference=_FakeReference([1.0]), min_slice_seconds=0.01)
+    assert calls[0] == 1 and calls[1] == calls[2] >= 5  # one timed call, then the repeat count it set
+
+
+def test_the_yardstick_is_real_work_of_this_suite_and_not_the_projects() -> None:
+    import inspect
+
+    source = inspect.getsource(reference_work)
+    assert "from reference_trainers" not in source and "from harness" not in source
+    work = reference_work.ReferenceWork()
+    try:
+        before = [p.detach().clone() for p in work.net.parameters()]
+        start = reference_work.cpu_seconds()
+        assert work.slice() > 0
+        assert reference_work.cpu_seconds() - start > 0
+        assert any(not (a == b).all() for a, b in zip(before, work.net.parameters()))  # it trained
+    finally:
+        work.close()
+
+
+def test_relative_cost_measures_training_and_acting_per_unit_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_relative, "RELATIVE_PRESETS", ["dqn-cartpole"])
+    monkeypatch.setattr(common, "WARMUP_STEPS", 64)
+    monkeypatch.setattr(bench_relative, "WARMUP_STEPS", 64)
+    monkeypatch.setattr(reference_work, "MIN_SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(reference_work, "REFERENCE_UNITS_PER_SLICE", 2)
+    costs = bench_relative.measure_relative(rounds=2)
+    assert set(costs) == {"dqn-cartpole/baseline/cpu", "dqn-cartpole/optimized/cpu"}
+    for kinds in costs.values():
+        assert set(kinds) == {"training", "acting"} and all(v > 0 for v in kinds.values())
+
+
+def test_a_planted_slowdown_in_the_trainer_raises_its_cost_and_not_the_yardsticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same code with 50 % more same-thread work in select_actions costs about 1.5x as much."""
+    trainer = common.build("dqn-cartpole", "baseline", "cpu")
+    try:
+        slot = bench_relative._acting_slot(trainer)
+        real = trainer.select_actions
+
+        def slowed(obs):  # noqa: ANN001, ANN202
+            start = time.thread_time()
+            out = real(obs)
+            end = time.thread_time() + 0.5 * (time.thread_time() - start)
+            while time.thread_time() < end:
+                pass
+            return out
+
+        slot(1)
+        plain = reference_work.measure_paired([slot], rounds=5, min_slice_seconds=0.02)[0].median
+        monkeypatch.setattr(trainer, "select_actions", slowed)
+        slow = reference_work.measure_paired([slot], rounds=5, min_slice_seconds=0.02)[0].median
+    finally:
+        trainer.close()
+    assert 1.2 < slow / plain < 1.9
+
+
+def test_relative_cost_skips_every_device_but_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "available", lambda device: True)
+    monkeypatch.setattr(bench_relative, "skip_unless_available", lambda device: None)
+    for device in ("cuda", "mps"):
+        with pytest.raises(NotImplementedError, match="cpu device only"):
+            bench_relative.RelativeCost().setup({}, "ppo-cartpole", "optimized", device)
+
+
+def test_relative_cost_reads_what_its_cache_measured() -> None:
+    bench = bench_relative.RelativeCost()
+    costs = {"ppo-cartpole/baseline/cpu": {"training": 2.5, "acting": 1.25}}
+    bench.setup(costs, "ppo-cartpole", "baseline", "cpu")
+    assert bench.track_training_cost(costs, "ppo-cartpole", "baseline", "cpu") == 2.5
+    assert bench.track_acting_cost(costs, "ppo-cartpole", "baseline", "cpu") == 1.25
+    assert bench_relative.RelativeCost.params[0] == bench_relative.RELATIVE_PRESETS
