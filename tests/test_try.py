@@ -58,16 +58,25 @@ def _line(path: Path, text: str) -> int:
     return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread_in_the_arms():  # noqa: ANN202 - a fixture
+    """The arms' processes inherit one intra-op thread: two threads a process on a 2-core machine that other tests
+    keep busy make slices swing by 2x (docs/try.md), and these tests check the mechanics, not a thread count."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """One try of three changes on the planted trainer's float64 variant (a copy named try_planted); 2 rounds give
-    no verdict, so no combination is measured."""
+    """One try of three changes on the planted trainer's float64 variant (a copy named try_planted); 2 rounds of one
+    turn (2 pairs) give no verdict, so no combination is measured."""
     folder = tmp_path_factory.mktemp("try-planted")
     module = folder / "try_planted.py"
     shutil.copy(TESTS / "planted_trainer.py", module)
     (folder / "planted.yaml").write_text(PLANTED_YAML)
     before = module.read_bytes()
-    code, data = _try(str(folder / "planted.yaml"), *FAST, "--rounds", "2",
+    code, data = _try(str(folder / "planted.yaml"), *FAST, "--rounds", "2", "--repeats", "1",
                       "--only", "float32_at_source,no_validate_args,autocast_bf16", "--patch", str(folder / "out.diff"))
     return SimpleNamespace(code=code, data=data, folder=folder, module=module, before=before)
 
@@ -79,7 +88,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     folder = tmp_path_factory.mktemp("try-tiny")
     shutil.copy(TESTS / "try_trainer.py", folder / "try_tiny.py")
     (folder / "tiny.yaml").write_text(TINY_YAML)
-    code, data = _try(str(folder / "tiny.yaml"), *FAST, "--rounds", "3",
+    code, data = _try(str(folder / "tiny.yaml"), *FAST, "--rounds", "2", "--repeats", "3",
                       "--only", "no_change,no_validate_args,validate_args_off")
     return SimpleNamespace(code=code, data=data, folder=folder)
 
@@ -87,10 +96,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 def test_a_change_equal_to_the_unchanged_trainer_reports_no_effect_and_identical_maths(tiny: SimpleNamespace) -> None:
     same = _trial(tiny.data, "no_change")
     assert same["parity"]["class"] == "identical" and same["parity"]["max_rel_diff"] == 0.0
-    assert same["ratio"]["rounds"] == 3 and same["ratio"]["low"] <= same["ratio"]["median"] <= same["ratio"]["high"]
+    assert same["ratio"]["pairs"] == 6 and same["ratio"]["low"] <= same["ratio"]["median"] <= same["ratio"]["high"]
     verdict = same["verdict"]
     if verdict in ("faster", "slower"):  # a 95 % interval misses 1 in 20 A/A tries: confirmed by a second one
-        _, again = _try(str(tiny.folder / "tiny.yaml"), *FAST, "--rounds", "3", "--only", "no_change")
+        _, again = _try(str(tiny.folder / "tiny.yaml"), *FAST, "--rounds", "2", "--repeats", "3", "--only",
+                        "no_change")
         verdict = _trial(again, "no_change")["verdict"]
     assert verdict.startswith("no effect it could resolve at ±"), verdict
 
@@ -101,7 +111,7 @@ def test_a_trial_whose_trainer_raises_fails_alone(tiny: SimpleNamespace) -> None
     assert failed["verdict"] == "failed: RuntimeError: planted failure: distribution checks are off"
     assert failed["ratio"] is None
     kept = _trial(tiny.data, "validate_args_off")
-    assert kept["error"] is None and kept["ratio"]["rounds"] == 3 and kept["parity"]["class"] == "identical"
+    assert kept["error"] is None and kept["ratio"]["pairs"] == 6 and kept["parity"]["class"] == "identical"
     assert "validate_args=False" in kept["diff"]
 
 
@@ -127,7 +137,7 @@ def test_autocast_on_cpu_changes_the_maths_and_stays_out_of_the_combination(plan
     assert planted.code == 0, planted.data
     trial = _trial(planted.data, "autocast_bf16")
     assert trial["parity"]["class"] == "changes the maths" and trial["parity"]["max_rel_diff"] > 1e-4
-    assert trial["verdict"] == "no verdict: 2 rounds (needs 3)"
+    assert trial["verdict"] == "no verdict: 2 pairs (needs 3)"
     assert planted.data["combined"]["changes"] == []  # (with verdicts: test_the_combination_takes_...)
 
 
@@ -203,27 +213,46 @@ def test_the_patch_applies_with_patch_p1_and_adds_the_runtime_lines(tmp_path: Pa
 # --------------------------------------------------------------------------- the session, with a fake arm runner
 
 class FakeRunner:
-    """Arms without processes: each change's speed factor and final weight, a KeyboardInterrupt on a chosen call."""
+    """Arms without processes: each change's speed factor and final weight, a KeyboardInterrupt on a chosen call
+    (a parity run or a slice)."""
 
     def __init__(self, target: Target, workdir: Path, speed: dict[str, float], weight: dict[str, float],
                  stop_at: int | None = None) -> None:
         self.workdir, self.speed, self.weight, self.stop_at = workdir, speed, weight, stop_at
         self.calls = 0
 
-    def run(self, arm: Any, mode: str, iterations: int = 0) -> dict[str, Any]:
+    def tick(self) -> None:
         self.calls += 1
         if self.calls == self.stop_at:
             raise KeyboardInterrupt
-        if mode == "parity":
-            params = self.workdir / f"{self.calls}.pt"
-            final = torch.full((3,), self.weight.get(arm.name, 1.0))
-            torch.save({"initial": {"w": torch.zeros(3)}, "final": {"w": final}}, params)
-            return {"parity": {"nonfinite": 0}, "params": str(params)}
-        jitter = 1.0 + 0.001 * (self.calls % 3)
-        rate = 1000.0 * self.speed.get(arm.name, 1.0) * jitter
-        metrics = {"env_steps_per_sec": {"median": rate}, "host_syncs_per_step": 1.0}
-        return {"result": {"status": "ok", "metrics": metrics, "stability": {"float64_ops": 0},
-                           "quality": {"trustworthy": True, "reasons": []}}}
+
+    def run(self, arm: Any, mode: str, iterations: int = 0) -> dict[str, Any]:
+        self.tick()
+        assert mode == "parity"
+        params = self.workdir / f"{self.calls}.pt"
+        final = torch.full((3,), self.weight.get(arm.name, 1.0))
+        torch.save({"initial": {"w": torch.zeros(3)}, "final": {"w": final}}, params)
+        return {"parity": {"nonfinite": 0}, "params": str(params)}
+
+    def serve(self, arm: Any) -> FakeServed:
+        return FakeServed(self, arm.name)
+
+
+class FakeServed:
+    def __init__(self, runner: FakeRunner, name: str) -> None:
+        self.runner, self.name = runner, name
+
+    def ready(self) -> dict[str, Any]:
+        return {"ready": True, "env_steps_per_sec": 1000.0, "float64_ops": 0, "host_syncs_per_step": 1.0}
+
+    def slice(self, env_steps: int) -> dict[str, Any]:
+        self.runner.tick()
+        jitter = 1.0 + 0.001 * (self.runner.calls % 3)
+        rate = 1000.0 * self.runner.speed.get(self.name, 1.0) * jitter
+        return {"env_steps": env_steps, "wall": env_steps / rate, "cpu": env_steps / rate}
+
+    def close(self) -> None:
+        pass
 
 
 def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: dict[str, float],
@@ -238,7 +267,7 @@ def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: d
     found = {"device": "cpu", "recommendations": [], "host_syncs": [], "float64": []}
     chosen = candidates(found, ["no_change", "threads_1", "no_validate_args", "autocast_bf16"])
     target = Target("x.yaml", None, None, "baseline", [], [])
-    return session.run_try(target, "x.yaml", "cpu", chosen, (None, "make_trainer"), 4, 3, lambda _t: None)
+    return session.run_try(target, "x.yaml", "cpu", chosen, (None, "make_trainer"), 2, 3, lambda _t: None, cycles=2)
 
 
 def test_the_combination_takes_the_faster_changes_that_keep_the_maths(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,16 +279,17 @@ def test_the_combination_takes_the_faster_changes_that_keep_the_maths(monkeypatc
     assert verdicts["no_change"][0].startswith("no effect it could resolve")
     assert report.combined_changes == ["threads_1", "no_validate_args"]
     assert report.combined is not None and report.combined.verdict == "faster"
-    assert report.combined.effect.rounds == 4
+    assert report.combined.effect.pairs == 4  # 2 rounds of 2 turns
 
 
-def test_an_interrupt_keeps_the_rounds_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 2 + 4 parity runs, then rounds of 5 arms: stopping at the 14th call leaves round 2 unfinished
-    report = _session(monkeypatch, {"threads_1": 1.3}, {}, stop_at=14)
+def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 + 4 parity runs, a timed call and a first unchanged slice, then (changed, unchanged) slices for 4 arms a
+    # turn: stopping at call 18 leaves the first turn finished and the second's first arm unfinished
+    report = _session(monkeypatch, {"threads_1": 1.3}, {}, stop_at=18)
     assert report.interrupted and report.combined is None
-    assert {t.name: t.effect.rounds for t in report.trials} == {name: 1 for name in
-                                                               ("no_change", "threads_1", "no_validate_args",
-                                                                "autocast_bf16")}
+    assert {t.name: t.effect.pairs for t in report.trials} == {name: 1 for name in
+                                                              ("no_change", "threads_1", "no_validate_args",
+                                                               "autocast_bf16")}
 
 
 def test_the_rounds_interval_keeps_its_level_with_three_rounds() -> None:
@@ -307,7 +337,7 @@ def test_the_verdict_rests_on_wall_time_and_the_cpu_time_ratio_is_reported_besid
     from harness.trials.rounds import Effect
 
     loaded = Effect(unchanged=[100.0, 60.0, 130.0], changed=[90.0, 150.0, 70.0],
-                    unchanged_cpu=[2.0, 2.1, 1.9], changed_cpu=[1.0, 1.05, 0.95], reasons=["others took 60%"])
+                    unchanged_cpu=[2.0, 2.1, 1.9], changed_cpu=[1.0, 1.05, 0.95])
     assert loaded.cpu_ratio().value == pytest.approx(2.0, rel=0.01)
     from harness.trials.catalogue import CHANGES
     from harness.trials.session import Trial
@@ -315,3 +345,58 @@ def test_the_verdict_rests_on_wall_time_and_the_cpu_time_ratio_is_reported_besid
     trial = Trial(CHANGES["no_change"], effect=loaded)
     assert trial.ratio == loaded.ratio() and trial.ratio.low < 1.0 < trial.ratio.high
     assert trial.verdict.startswith("no effect it could resolve")
+
+
+def test_a_pair_divides_the_changed_slice_by_the_unchanged_slices_around_it() -> None:
+    """A machine slowing down linearly over three slices: the raw rates fall, the pair's ratio holds."""
+    from harness.trials.rounds import Effect
+
+    effect = Effect()
+    for slowdown in (1.0, 1.5, 2.0, 2.5):  # each pair's slices at slowdown, slowdown + 0.25, slowdown + 0.5
+        before = {"env_steps": 1000, "wall": 1.0 * slowdown, "cpu": 1.0}
+        changed = {"env_steps": 1000, "wall": 0.8 * (slowdown + 0.25), "cpu": 0.8}  # a 1.25x faster change
+        after = {"env_steps": 1000, "wall": 1.0 * (slowdown + 0.5), "cpu": 1.0}
+        effect.add_pair(before, changed, after)
+    ratio = effect.ratio()
+    assert ratio.n == 4 and ratio.value == pytest.approx(1.25, rel=0.03) and ratio.high - ratio.low < 0.1
+    assert effect.disturbed == 1 and effect.trustworthy  # only 1.0 -> 1.5 moved by more than 25 %
+    for _ in range(2):  # the machine halves its speed within two more pairs: 3 of 6 disturbed
+        effect.add_pair({"env_steps": 1000, "wall": 1.0, "cpu": 1.0}, {"env_steps": 1000, "wall": 1.2, "cpu": 0.8},
+                        {"env_steps": 1000, "wall": 2.0, "cpu": 1.0})
+    assert effect.disturbed == 3 and not effect.trustworthy
+    assert "within 3 of 6 pairs" in effect.reasons[0]
+
+
+def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> None:
+    from harness.trials import slices
+    from harness.trials.arms import Arm
+    from harness.trials.rounds import Effect
+
+    order: list[str] = []
+
+    class Served:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def ready(self) -> dict[str, Any]:
+            return {"env_steps_per_sec": 400.0, "float64_ops": 0, "host_syncs_per_step": 0.0}
+
+        def slice(self, steps: int) -> dict[str, Any]:
+            order.append(self.name)
+            assert steps in (1, 100)  # one call to time, then SLICE_SECONDS of the unchanged trainer's rate
+            done = max(steps, 50)  # a call of 50 env steps
+            return {"env_steps": done, "wall": done / 400, "cpu": done / 400}
+
+        def close(self) -> None:
+            order.append(f"close {self.name}")
+
+    class Runner:
+        def serve(self, arm: Arm) -> Served:
+            return Served(arm.name)
+
+    effects: dict[str, Effect] = {}
+    slices.measure(Runner(), [Arm("a"), Arm("b")], 1, effects, lambda _t: None, cycles=2)  # type: ignore[arg-type]
+    assert order[:10] == ["unchanged",  # the timed call that sets the slice's size
+                          "unchanged", "a", "unchanged", "b", "unchanged", "b", "unchanged", "a", "unchanged"]
+    assert sorted(order[10:]) == ["close a", "close b", "close unchanged"]
+    assert effects["a"].pairs == effects["b"].pairs == 2

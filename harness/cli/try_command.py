@@ -25,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             "it: each measured against it in fresh processes, with what it does to the maths",
                             description="Diagnose your own trainer, then apply each change its findings point to "
                                         "(runtime changes in the trainer's process; source changes on copies of "
-                                        "your files), measure each against the unchanged trainer in interleaved "
-                                        "rounds of fresh processes, compare the parameters after a few iterations "
+                                        "your files), measure each against the unchanged trainer in alternating "
+                                        "slices of live processes, compare the parameters after a few iterations "
                                         "from the same seed, and combine those that were faster and kept the maths. "
                                         "Your files are only read.")
     parser.add_argument("target", nargs="?", default=None, metavar="FILE.yaml",
@@ -38,13 +38,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--only", metavar="a,b,...", help=f"only these changes, whatever the diagnosis found "
                         f"(accepted: {accepted()})")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                        help="interleaved rounds, each arm once per round in a fresh process (default: "
-                             f"{DEFAULT_ROUNDS})")
+                        help="rounds of fresh processes, one per arm kept alive while the arms take turns in short "
+                             f"slices (default: {DEFAULT_ROUNDS})")
     parser.add_argument("--parity-iterations", type=int, default=DEFAULT_ITERATIONS,
                         help="iterate() calls, and at least as many optimizer steps, before the parameters are "
                              f"compared (default: {DEFAULT_ITERATIONS})")
     run_options(parser, steps_default="the file's run.steps; the diagnosis: 4096",
-                repeats_default="2 per arm in each round")
+                repeats_default="8 turns of every arm per round, each a slice of about 0.25 s between two "
+                                "of the unchanged trainer")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--patch", type=Path, metavar="OUT.diff",
                         help="write the combination's changes as one unified diff (cd MODULE_FOLDER && "
@@ -60,7 +61,8 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
 
     only = parse_only(args.only)
     if args.rounds < 2:
-        raise UserError(f"--rounds {args.rounds}: accepted: 2 or more (a verdict needs 3)")
+        raise UserError(f"--rounds {args.rounds}: accepted: 2 or more (fresh processes: one process's luck is not "
+                        "a change's effect)")
     if args.parity_iterations < 1:
         raise UserError(f"--parity-iterations {args.parity_iterations}: accepted: 1 or more")
     if args.patch is not None:
@@ -73,14 +75,13 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
 def _target(args: argparse.Namespace, spec: object) -> tuple:
     """The arms' trainer (the file or --trainer, the diagnosed variant, the run options) and the factory's file."""
     from harness.trials.arms import Target
-    from harness.trials.rounds import REPEATS
 
     trainer_text = spec.config.trainer  # type: ignore[attr-defined]
     module = sys.modules.get(trainer_text.partition(":")[0])
     path = getattr(module, "__file__", None)
     target = Target(str(Path(args.target).resolve()) if args.target else None, args.trainer,
                     str(args.config.resolve()) if args.config else None, spec.variant,  # type: ignore[attr-defined]
-                    ([] if args.repeats is not None else [f"run.repeats={REPEATS}"]) + user_overrides(args),
+                    user_overrides(args),
                     list(sys.path))
     return target, (Path(path).resolve() if path else None, trainer_text.partition(":")[2])
 
@@ -128,8 +129,10 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
     say("try: candidates: " + (", ".join(c.change.name + (" (not tried)" if c.skip else "") for c in chosen)
                                or "none (no finding points to a change this command makes)"))
     target, factory = _target(args, spec)
+    from harness.trials.slices import CYCLES
+
     result = run_try(target, label, str(resolution.device), chosen, factory, args.rounds,  # type: ignore[attr-defined]
-                     args.parity_iterations, say)
+                     args.parity_iterations, say, cycles=getattr(args, "repeats", None) or CYCLES)
     if args.json:
         print(json.dumps(report_module.as_json(result), indent=2))
     else:

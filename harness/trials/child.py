@@ -7,7 +7,11 @@ runtime changes are applied before and around the factory (``runtime_patches``).
 
 - ``measure``: the variant measured as ``rlgauge run`` measures it; the result's data is written back;
 - ``parity``: N ``iterate()`` calls from the seed, then the parameters of every module the factory built
-  are saved (``torch.save``) for ``parity`` to compare.
+  are saved (``torch.save``) for ``parity`` to compare;
+- ``serve``: the trainer built and warmed up, one checked stretch (float64 ops and host syncs counted as
+  ``rlgauge run`` counts them), then slices of training on request: JSON lines on stdin (``{"env_steps": N}``)
+  answered on stdout (``{"env_steps", "wall", "cpu"}``) until stdin closes. What the trainer prints goes to
+  stderr, the arm's log.
 
 The answer (``{"result"}`` / ``{"parity"}``, or ``{"error"}`` with one line) goes to the request's ``out``.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def _arrange_path(search: list[str], patched: str | None) -> None:
@@ -96,6 +100,55 @@ def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
                        "calls": calls, "optimizer_steps": steps[0]}}
 
 
+def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None]) -> None:
+    import time
+
+    import torch
+
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import HostSyncFinder
+    from harness.measurement.metrics import TimingProbe
+    from harness.measurement.runner import _checked_iterations, resolve_specs
+    from harness.measurement.sentinels import Float64Sentinel
+
+    (resolution,) = resolve_specs([spec])
+    trainer = spec.build(resolution, probe=TimingProbe())
+    try:
+        start = time.perf_counter()
+        warmed = _train(trainer, max(1, resolution.config.run.warmup_steps))
+        rate = warmed / max(time.perf_counter() - start, 1e-9)
+        syncs, wide = HostSyncFinder(resolution.device, SiteFinder()), Float64Sentinel()
+        with torch.compiler.set_stance("force_eager"), syncs, wide:
+            agent_steps = _checked_iterations(trainer, True)
+        vector_steps = max(1, agent_steps // resolution.config.env.num_envs)
+        start = time.perf_counter()
+        warmed = _train(trainer, max(1, int(rate * 0.25)))  # the rate after the checks, warm again
+        rate = warmed / max(time.perf_counter() - start, 1e-9)
+        answer({"ready": True, "env_steps_per_sec": rate, "float64_ops": wide.count,
+                "host_syncs_per_step": syncs.count / vector_steps, "optimizers": _implementations()})
+        for line in requests:
+            steps = int(json.loads(line)["env_steps"])
+            wall, cpu = time.perf_counter(), time.process_time()
+            done = _train(trainer, steps)
+            answer({"env_steps": done, "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu})
+    finally:
+        trainer.close()
+
+
+def _train(trainer: Any, env_steps: int) -> int:
+    """Whole calls until at least ``env_steps`` env steps; the env steps taken."""
+    done = 0
+    while done < env_steps:
+        done += trainer.iterate().env_steps
+    return done
+
+
+def _implementations() -> dict[str, str]:
+    from harness.trials import runtime_patches
+
+    return dict(runtime_patches.implementations)
+
+
 def _parameters(modules: list[Any]) -> dict[str, Any]:
     import torch
 
@@ -117,8 +170,39 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def serve_main(request: dict[str, Any]) -> int:
+    """``serve`` mode: answers on the process's stdout as it was; fd 1 is pointed at stderr (the log), so that
+    nothing the trainer prints, from Python or C, mixes with them."""
+    import os
+
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def answer(data: dict[str, Any]) -> None:
+        channel.write(json.dumps(data) + "\n")
+
+    try:
+        from harness.trials import runtime_patches
+
+        _arrange_path(request["sys_path"], request.get("patched_dir"))
+        runtime_patches.apply_process_changes(request["changes"])
+        _serve(_spec(request), sys.stdin, answer)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it as the trial's one-line cause
+        import traceback
+
+        traceback.print_exc()  # into the arm's log
+        answer({"error": one_line(exc)})
+        return 1
+
+
 def main(argv: list[str]) -> int:
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if request["mode"] == "serve":
+        return serve_main(request)
     try:
         answer = run_request(request)
         code = 0

@@ -7,6 +7,7 @@ from typing import Any
 from harness.diagnosis.frames import short
 from harness.trials.catalogue import CHANGES
 from harness.trials.session import Trial, TryReport
+from harness.trials.slices import SLICE_SECONDS
 
 
 def _where(trial: Trial) -> str:
@@ -39,18 +40,17 @@ def table(report: TryReport) -> str:
     for trial in tried:
         lines.append(f"| {trial.name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
                      f"{trial.verdict} |")
-    lines += ["", f"Effect: changed / unchanged env steps/s, the median over interleaved rounds in fresh processes "
-              f"({report.rounds} planned); "
+    lines += ["", f"Effect: changed / unchanged env steps/s (wall time), the median over pairs of slices of about "
+              f"{SLICE_SECONDS} s (each changed slice between two of the unchanged trainer; {report.cycles} turns "
+              f"in each of {report.rounds} rounds of fresh processes); "
               f"maths: the parameters after {report.iterations} iterate() calls (and at "
               f"least {report.iterations} optimizer steps) from the seed."]
     if report.interrupted:
-        lines.append("Interrupted: the rounds finished before it are shown.")
-    measured = [t.effect for t in tried if t.effect and t.effect.runs]
-    bad = sum(e.untrustworthy_runs for e in measured)
+        lines.append("Interrupted: the pairs measured before it are shown.")
+    measured = [t.effect for t in tried if t.effect and t.effect.pairs]
+    bad = [e for e in measured if not e.trustworthy]
     if bad:
-        first = next(r for e in measured for r in e.reasons)
-        lines.append(f"* not trustworthy: {bad} of {sum(e.runs for e in measured)} runs (their quality verdict), "
-                     f"e.g. {first}")
+        lines.append(f"* not trustworthy: {len(bad)} of {len(measured)} changes, e.g. {bad[0].reasons[0]}")
     lines += _notes(tried)
     lines += ["", _combined_line(report)]
     skipped = [t for t in report.trials if t.skip is not None]
@@ -67,7 +67,7 @@ def _notes(trials: list[Trial]) -> list[str]:
     notes = []
     for trial in trials:
         effect = trial.effect
-        if effect is None or not effect.rounds:
+        if effect is None or not effect.pairs:
             continue
         parts = []
         if effect.float64_ops[0] != effect.float64_ops[1]:
@@ -96,11 +96,11 @@ def _combined_line(report: TryReport) -> str:
 
 def _ratio(trial: Trial | None) -> dict[str, Any] | None:
     ratio = trial.ratio if trial is not None else None
-    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n}
+    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "pairs": ratio.n}
 
 
 def _plain(ratio: Any) -> dict[str, float] | None:
-    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n}
+    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "pairs": ratio.n}
 
 
 def _trial(trial: Trial) -> dict[str, Any]:
@@ -109,12 +109,12 @@ def _trial(trial: Trial) -> dict[str, Any]:
             "does": trial.change.does, "maths": trial.change.maths, "ratio": _ratio(trial),
             "wall_ratio": _plain(effect.ratio()) if effect else None,
             "cpu_ratio": _plain(effect.cpu_ratio()) if effect else None,
-            "trustworthy": effect.trustworthy if effect and effect.rounds else None,
-            "untrustworthy_runs": f"{effect.untrustworthy_runs} of {effect.runs}" if effect else None,
+            "trustworthy": effect.trustworthy if effect and effect.pairs else None,
+            "disturbed_pairs": effect.disturbed if effect else None,
             "untrustworthy_reasons": effect.reasons if effect else [], "verdict": trial.verdict,
             "parity": trial.parity.to_dict() if trial.parity else None, "nonfinite_params": trial.nonfinite,
-            "float64_ops": _pair(effect.float64_ops) if effect and effect.rounds else None,
-            "host_syncs_per_step": _pair(effect.host_syncs_per_step) if effect and effect.rounds else None,
+            "float64_ops": _pair(effect.float64_ops) if effect and effect.pairs else None,
+            "host_syncs_per_step": _pair(effect.host_syncs_per_step) if effect and effect.pairs else None,
             "optimizers": trial.optimizers, "error": trial.error, "refused": trial.refused, "diff": trial.diff}
 
 
@@ -127,6 +127,7 @@ def as_json(report: TryReport) -> dict[str, Any]:
     tried = [t for t in report.trials if t.skip is None]
     return {"try": {
         "target": report.target, "variant": report.variant, "device": report.device, "rounds": report.rounds,
+        "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS,
         "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
         "trials": [_trial(t) for t in tried],
         "skipped": [{"change": t.name, "reason": t.skip} for t in report.trials if t.skip is not None],

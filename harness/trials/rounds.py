@@ -1,9 +1,6 @@
-"""Interleaved rounds: each round runs the unchanged trainer and every changed arm once, each in a fresh
-process, the order reversed every other round (unchanged first, then unchanged last) so a drift of the
-machine's load falls on both sides alike. A round's ratio is the changed arm's env steps/s (the median of its
-repeats) over the unchanged arm's of the same round; the effect is the median over rounds with a 95 %
-Student-t interval on the mean log ratio (``harness.stats.intervals.paired_t_ratio``: a round is one costly
-unit, and a bootstrap of 3-4 of them is only their range). A verdict needs ``power.MIN_REPEATS`` rounds."""
+"""What a try measures of one arm beside the unchanged trainer (``Effect``), and its verdict. The pairs come from
+alternating slices of live processes (``slices``); the checks (float64 ops, host syncs) from each arm's process
+once its warm-up is done."""
 
 from __future__ import annotations
 
@@ -12,12 +9,12 @@ from typing import Any, Callable
 
 from harness.stats import power
 from harness.stats.intervals import Ratio, paired_t_ratio
-from harness.trials.arms import Arm, ArmRunner
 
 UNCHANGED = "unchanged"
-DEFAULT_ROUNDS = 4
-REPEATS = 2
-"""Timed repeats per arm unless ``--repeats`` says otherwise: the rounds, not the repeats, carry the interval."""
+DEFAULT_ROUNDS = 3
+"""Rounds of fresh processes (one per arm); each gives ``slices.CYCLES`` pairs per arm."""
+DISTURBED = 0.25
+"""A pair whose two unchanged slices differ by more than this (relative) saw the machine change speed."""
 
 
 class UnchangedFailed(Exception):
@@ -26,25 +23,32 @@ class UnchangedFailed(Exception):
 
 @dataclass
 class Effect:
-    """One arm's rounds beside the unchanged trainer's."""
+    """One arm's pairs beside the unchanged trainer's."""
 
     unchanged: list[float] = field(default_factory=list)
+    """Env steps/s of the unchanged slices around each pair (their mean)."""
     changed: list[float] = field(default_factory=list)
     unchanged_cpu: list[float] = field(default_factory=list)
     changed_cpu: list[float] = field(default_factory=list)
-    """Process CPU seconds per 1k env steps of each round (the median of the arm's repeats)."""
-    reasons: list[str] = field(default_factory=list)
-    """Why a run was not trustworthy (its quality verdict), each once."""
-    runs: int = 0
-    untrustworthy_runs: int = 0
+    """Process CPU seconds per 1k env steps of each pair's slices."""
+    disturbed: int = 0
+    """Pairs whose two unchanged slices differed by more than ``DISTURBED``."""
     float64_ops: tuple[int | None, int | None] = (None, None)
     host_syncs_per_step: tuple[float | None, float | None] = (None, None)
     optimizers: dict[str, str] = field(default_factory=dict)
     error: str | None = None
 
     @property
-    def rounds(self) -> int:
+    def pairs(self) -> int:
         return len(self.changed)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the pairs are not trustworthy: the machine changed speed within more than a third of them."""
+        if self.pairs and self.disturbed * 3 > self.pairs:
+            return [f"the machine's speed changed by more than {DISTURBED:.0%} within {self.disturbed} of "
+                    f"{self.pairs} pairs (the unchanged slices around them disagreed)"]
+        return []
 
     @property
     def trustworthy(self) -> bool:
@@ -55,57 +59,38 @@ class Effect:
         return paired_t_ratio(self.unchanged, self.changed) if self.changed else None
 
     def cpu_ratio(self) -> Ratio | None:
-        """Unchanged / changed CPU seconds per 1k env steps: the speedup in the CPU the trainer's process used,
-        which other processes' load leaves alone (None where a run gave no CPU time). Reported, never the
-        verdict: on a VM the CPU time of the same work drifts over seconds (docs/tracking.md), and its tighter
-        interval over a few rounds calls an identical arm faster or slower too often."""
+        """Unchanged / changed CPU seconds per 1k env steps: the speedup in the CPU the trainer's process used
+        (None where a slice gave no CPU time). Reported, never the verdict: a change of threads moves CPU time
+        and wall time apart."""
         if not self.changed_cpu or len(self.changed_cpu) != len(self.changed):
             return None
         return paired_t_ratio(self.changed_cpu, self.unchanged_cpu)
 
-    def add(self, base: dict[str, Any], arm: dict[str, Any]) -> None:
-        self.unchanged.append(rate(base))
-        self.changed.append(rate(arm))
-        cpu = (_median(base, "cpu_seconds_per_1k_env_steps"), _median(arm, "cpu_seconds_per_1k_env_steps"))
-        if None not in cpu:
-            self.unchanged_cpu.append(cpu[0])
-            self.changed_cpu.append(cpu[1])
-        for answer in (base, arm):
-            quality = answer["result"].get("quality") or {}
-            self.runs += 1
-            if not quality.get("trustworthy", True):
-                self.untrustworthy_runs += 1
-                self.reasons += [r for r in quality.get("reasons", []) if r not in self.reasons]
-        self.float64_ops = (_stability(base, "float64_ops"), _stability(arm, "float64_ops"))
-        self.host_syncs_per_step = (_metric(base, "host_syncs_per_step"), _metric(arm, "host_syncs_per_step"))
-        self.optimizers = arm.get("optimizers", {})
+    def add_pair(self, before: dict[str, Any], changed: dict[str, Any], after: dict[str, Any]) -> None:
+        """One changed slice between two unchanged ones (each ``{"env_steps", "wall", "cpu"}``)."""
+        around = (_rate(before), _rate(after))
+        self.unchanged.append(sum(around) / 2)
+        self.changed.append(_rate(changed))
+        if abs(around[0] - around[1]) > DISTURBED * max(around):
+            self.disturbed += 1
+        cpu = [_cpu_per_1k(s) for s in (before, after, changed)]
+        if all(c > 0 for c in cpu):
+            self.unchanged_cpu.append((cpu[0] + cpu[1]) / 2)
+            self.changed_cpu.append(cpu[2])
+
+    def add_checks(self, base: dict[str, Any], arm: dict[str, Any]) -> None:
+        """The checks each process ran after its warm-up (``{"float64_ops", "host_syncs_per_step"}``)."""
+        self.float64_ops = (base.get("float64_ops"), arm.get("float64_ops"))
+        self.host_syncs_per_step = (base.get("host_syncs_per_step"), arm.get("host_syncs_per_step"))
+        self.optimizers = arm.get("optimizers", {}) or self.optimizers
 
 
-def failure(answer: dict[str, Any]) -> str | None:
-    """The one-line cause of an arm that did not give a measured run, or None."""
-    if "error" in answer:
-        return answer["error"]
-    result = answer["result"]
-    if result["status"] in ("ok", "unstable") and result.get("metrics", {}).get("env_steps_per_sec"):
-        return None  # measured (an unstable run's float64 ops are reported beside its effect)
-    return result.get("error") or f"the run is {result['status']}"
+def _rate(piece: dict[str, Any]) -> float:
+    return float(piece["env_steps"]) / max(float(piece["wall"]), 1e-9)
 
 
-def rate(answer: dict[str, Any]) -> float:
-    return float(answer["result"]["metrics"]["env_steps_per_sec"]["median"])
-
-
-def _median(answer: dict[str, Any], key: str) -> float | None:
-    block = answer["result"].get("metrics", {}).get(key)
-    return float(block["median"]) if isinstance(block, dict) and block.get("median") else None
-
-
-def _metric(answer: dict[str, Any], key: str) -> Any:
-    return answer["result"].get("metrics", {}).get(key)
-
-
-def _stability(answer: dict[str, Any], key: str) -> Any:
-    return (answer["result"].get("stability") or {}).get(key)
+def _cpu_per_1k(piece: dict[str, Any]) -> float:
+    return 1000.0 * float(piece["cpu"]) / max(float(piece["env_steps"]), 1.0)
 
 
 def verdict(ratio: Ratio | None) -> str:
@@ -113,38 +98,9 @@ def verdict(ratio: Ratio | None) -> str:
     if ratio is None:
         return "not measured"
     if not power.has_power(ratio.n):
-        return f"no verdict: {ratio.n} round{'s' * (ratio.n != 1)} (needs {power.MIN_REPEATS})"
+        return f"no verdict: {ratio.n} pair{'s' * (ratio.n != 1)} (needs {power.MIN_REPEATS})"
     if ratio.low > 1.0:
         return "faster"
     if ratio.high < 1.0:
         return "slower"
     return f"no effect it could resolve at ±{100 * (ratio.high - ratio.low) / 2:.1f} %"
-
-
-def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, Effect],
-            say: Callable[[str], None], label: str = "round") -> None:
-    """``rounds`` rounds of the unchanged trainer and ``arms`` into ``effects`` (by arm name; an arm that fails
-    keeps its cause and leaves the rounds). A KeyboardInterrupt leaves the rounds finished in ``effects``."""
-    unchanged = Arm(UNCHANGED)
-    for name in (arm.name for arm in arms):
-        effects.setdefault(name, Effect())
-    for number in range(rounds):
-        live = [arm for arm in arms if effects[arm.name].error is None]
-        if not live:
-            return
-        order = [unchanged, *live] if number % 2 == 0 else [*reversed(live), unchanged]
-        answers = {arm.name: runner.run(arm, "measure") for arm in order}
-        base = answers[UNCHANGED]
-        cause = failure(base)
-        if cause is not None:
-            raise UnchangedFailed(f"the unchanged trainer failed in round {number + 1}: {cause}")
-        shown = [f"unchanged {rate(base):,.0f}"]
-        for arm in live:
-            cause = failure(answers[arm.name])
-            if cause is not None:
-                effects[arm.name].error = cause
-                shown.append(f"{arm.name} failed")
-                continue
-            effects[arm.name].add(base, answers[arm.name])
-            shown.append(f"{arm.name} {rate(answers[arm.name]):,.0f}")
-        say(f"try: {label} {number + 1}/{rounds} (env steps/s): " + ", ".join(shown))

@@ -1,7 +1,8 @@
 """A whole try: the candidates' arms prepared, their maths checked (``parity``), their speed measured in
-interleaved rounds (``rounds``), then the combination of those that were faster and kept the maths.
+alternating slices of live processes (``slices``), then the combination of those that were faster and kept the
+maths.
 
-Every arm runs in a fresh process (``arms``); the patched copies, requests and logs live in a temporary
+Every arm runs in processes of its own (``arms``); the patched copies, requests and logs live in a temporary
 folder removed at the end. A KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.diagnosis.frames import short
-from harness.trials import parity, rounds
+from harness.trials import parity, rounds, slices
 from harness.trials.arms import Arm, ArmRunner, Target
 from harness.trials.catalogue import Change
 from harness.trials.patch_file import combined_files, unified_diff
@@ -68,6 +69,7 @@ class TryReport:
     device: str
     rounds: int
     iterations: int
+    cycles: int = slices.CYCLES
     trials: list[Trial] = field(default_factory=list)
     combined: Trial | None = None
     """The combination's arm (``change`` of the first member), or a qualifying trial alone."""
@@ -174,15 +176,15 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
     _check_maths(runner, combined, reference, report.noise or 0.0, report.iterations)
     if combined.error is None:
         effects: dict[str, rounds.Effect] = {}
-        rounds.measure(runner, [arm], report.rounds, effects, say, label="combined round")
+        slices.measure(runner, [arm], report.rounds, effects, say, report.cycles, label="combined round")
         combined.effect = effects["combined"]
         combined.error = combined.effect.error
 
 
 def run_try(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
-            rounds_count: int, iterations: int, say: Callable[[str], None]) -> TryReport:
+            rounds_count: int, iterations: int, say: Callable[[str], None], cycles: int = slices.CYCLES) -> TryReport:
     """Prepare, check and measure every candidate, then their combination; never raises for a trial's failure."""
-    report = TryReport(label, target.variant, device, rounds_count, iterations)
+    report = TryReport(label, target.variant, device, rounds_count, iterations, cycles)
     workdir = Path(tempfile.mkdtemp(prefix="rlgauge-try-"))
     try:
         report.trials = [Trial(c.change, list(c.sites), skip=c.skip) for c in candidates]
@@ -202,9 +204,10 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
             effects: dict[str, rounds.Effect] = {}
             for trial in measured:
                 trial.effect = effects.setdefault(trial.name, rounds.Effect())
-            say(f"try: {rounds_count} rounds of {1 + len(measured)} fresh processes each: unchanged, "
-                + ", ".join(t.name for t in measured))
-            rounds.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count, effects, say)
+            say(f"try: {rounds_count} rounds of {1 + len(measured)} live processes (unchanged, "
+                + ", ".join(t.name for t in measured) + f"), {cycles} turns each in slices of about "
+                f"{slices.SLICE_SECONDS} s")
+            slices.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count, effects, say, cycles)
             for trial in measured:
                 trial.error = trial.error or trial.effect.error  # type: ignore[union-attr]
             chosen = members(report.trials)
