@@ -217,8 +217,9 @@ class FakeRunner:
     (a parity run or a slice)."""
 
     def __init__(self, target: Target, workdir: Path, speed: dict[str, float], weight: dict[str, float],
-                 stop_at: int | None = None) -> None:
+                 stop_at: int | None = None, float64: dict[str, int] | None = None) -> None:
         self.workdir, self.speed, self.weight, self.stop_at = workdir, speed, weight, stop_at
+        self.float64 = float64 or {}
         self.calls = 0
 
     def tick(self) -> None:
@@ -243,7 +244,8 @@ class FakeServed:
         self.runner, self.name = runner, name
 
     def ready(self) -> dict[str, Any]:
-        return {"ready": True, "env_steps_per_sec": 1000.0, "float64_ops": 0, "host_syncs_per_step": 1.0}
+        return {"ready": True, "env_steps_per_sec": 1000.0, "float64_ops": self.runner.float64.get(self.name, 0),
+                "host_syncs_per_step": 1.0}
 
     def slice(self, env_steps: int) -> dict[str, Any]:
         self.runner.tick()
@@ -256,11 +258,11 @@ class FakeServed:
 
 
 def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: dict[str, float],
-             stop_at: int | None = None) -> session.TryReport:
+             stop_at: int | None = None, float64: dict[str, int] | None = None) -> session.TryReport:
     made: list[FakeRunner] = []
 
     def runner(target: Target, workdir: Path) -> FakeRunner:
-        made.append(FakeRunner(target, workdir, speed, weight, stop_at))
+        made.append(FakeRunner(target, workdir, speed, weight, stop_at, float64))
         return made[-1]
 
     monkeypatch.setattr(session, "ArmRunner", runner)
@@ -280,6 +282,19 @@ def test_the_combination_takes_the_faster_changes_that_keep_the_maths(monkeypatc
     assert report.combined_changes == ["threads_1", "no_validate_args"]
     assert report.combined is not None and report.combined.verdict == "faster"
     assert report.combined.effect.pairs == 4  # 2 rounds of 2 turns
+
+
+def test_a_change_rid_of_the_float64_ops_joins_the_combination_unless_it_is_slower(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """float64 ops make ``rlgauge run`` call a trainer unstable: a change that removes them with the maths kept goes
+    into the patch when it is not found slower, even without a resolved speedup."""
+    float64 = {"unchanged": 6, "no_change": 6, "threads_1": 6, "autocast_bf16": 6, "no_validate_args": 0}
+    report = _session(monkeypatch, {}, {}, float64=float64)
+    trial = next(t for t in report.trials if t.name == "no_validate_args")
+    assert trial.verdict.startswith("no effect it could resolve") and trial.removes_float64
+    assert report.combined_changes == ["no_validate_args"]
+    slower = _session(monkeypatch, {"no_validate_args": 0.8}, {}, float64=float64)
+    assert slower.combined_changes == []
 
 
 def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -87,10 +87,12 @@ def _notes(trials: list[Trial]) -> list[str]:
 def _combined_line(report: TryReport) -> str:
     combined = report.combined
     if combined is None:
-        return "Combined: no change was faster with the maths kept; nothing to combine."
+        return ("Combined: no change was faster with the maths kept (or removed float64 ops without a slowdown); "
+                "nothing to combine.")
     names = " + ".join(report.combined_changes)
     if len(report.combined_changes) == 1:
-        return f"Combined: {names} alone (the only change faster with the maths kept): {_effect(combined)}."
+        return (f"Combined: {names} alone (the only change faster, or rid of float64 ops, with the maths kept): "
+                f"{_effect(combined)}.")
     return f"Combined ({names}): {_effect(combined)}, maths {_maths(combined)}: {combined.verdict}."
 
 

@@ -57,9 +57,18 @@ class Trial:
         return self.effect.ratio() if self.effect else None
 
     @property
+    def removes_float64(self) -> bool:
+        """The unchanged trainer ran float64 ops (``rlgauge run`` calls it unstable) and this change has none."""
+        ops = self.effect.float64_ops if self.effect else (None, None)
+        return bool(ops[0]) and ops[1] == 0
+
+    @property
     def qualifies(self) -> bool:
-        """Faster and the maths kept: a member of the combination."""
-        return self.verdict == "faster" and self.parity is not None and self.parity.keeps_maths
+        """A member of the combination: the maths kept, and faster, or rid of the float64 ops that make ``rlgauge
+        run`` call the trainer unstable without being found slower."""
+        if self.parity is None or not self.parity.keeps_maths:
+            return False
+        return self.verdict == "faster" or (self.removes_float64 and self.verdict.startswith("no effect"))
 
 
 @dataclass
@@ -138,14 +147,16 @@ def _check_maths(runner: ArmRunner, trial: Trial, reference: dict[str, Any], noi
 
 
 def members(trials: list[Trial]) -> list[Trial]:
-    """The combination: every trial faster with the maths kept, the fastest of each group of alternatives."""
+    """The combination: every trial that qualifies (``Trial.qualifies``), the best of each group of alternatives
+    (faster first, then the higher ratio)."""
     chosen: dict[str, Trial] = {}
     for trial in trials:
         if not trial.qualifies:
             continue
         key = trial.change.group or trial.name
         best = chosen.get(key)
-        if best is None or trial.ratio.value > best.ratio.value:  # type: ignore[union-attr]
+        if best is None or (trial.verdict == "faster", trial.ratio.value) > \
+                (best.verdict == "faster", best.ratio.value):  # type: ignore[union-attr]
             chosen[key] = trial
     return [t for t in trials if t in chosen.values()]
 
