@@ -415,3 +415,26 @@ def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> 
                           "unchanged", "a", "unchanged", "b", "unchanged", "b", "unchanged", "a", "unchanged"]
     assert sorted(order[10:]) == ["close a", "close b", "close unchanged"]
     assert effects["a"].pairs == effects["b"].pairs == 2
+
+
+def test_a_busy_machine_caps_every_arms_default_threads_as_run_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run.fair_threads`` for the arms: decided once by the parent, applied in each child before its factory."""
+    from types import SimpleNamespace as NS
+
+    import harness.measurement.machine_state as machine_state
+    from harness.cli import try_command
+    from harness.trials import child
+    from reference_trainers.runtime import device as dev
+
+    monkeypatch.setattr(dev, "DEFAULT_THREADS", 2)
+    monkeypatch.setattr(machine_state.Snapshot, "take", staticmethod(lambda: NS(busy_cores_before=1.0)))
+    monkeypatch.setattr(machine_state, "free_cores", lambda busy: 1)
+    spec = NS(config=NS(run=NS(fair_threads=True)))
+    assert try_command._threads_cap(spec) == 1
+    assert try_command._threads_cap(NS(config=NS(run=NS(fair_threads=False)))) is None
+    try:
+        child._cap_threads({"threads_cap": 1})
+        assert dev.default_threads() == 1
+    finally:
+        dev.cap_default_threads(None)
+    assert dev.default_threads() == 2

@@ -81,9 +81,21 @@ def _target(args: argparse.Namespace, spec: object) -> tuple:
     path = getattr(module, "__file__", None)
     target = Target(str(Path(args.target).resolve()) if args.target else None, args.trainer,
                     str(args.config.resolve()) if args.config else None, spec.variant,  # type: ignore[attr-defined]
-                    user_overrides(args),
-                    list(sys.path))
+                    user_overrides(args), list(sys.path), _threads_cap(spec))
     return target, (Path(path).resolve() if path else None, trainer_text.partition(":")[2])
+
+
+def _threads_cap(spec: object) -> int | None:
+    """``rlgauge run``'s ``run.fair_threads`` for every arm: torch's default thread count capped at the cores other
+    processes keep free now, before any arm runs (arms warming up side by side would see each other)."""
+    from harness.measurement.machine_state import Snapshot, free_cores
+    from reference_trainers.runtime import device as dev
+
+    config = spec.config  # type: ignore[attr-defined]
+    if not config.run.fair_threads:
+        return None
+    cap = free_cores(Snapshot.take().busy_cores_before)
+    return cap if cap < dev.DEFAULT_THREADS else None
 
 
 def cmd_try(args: argparse.Namespace) -> int:

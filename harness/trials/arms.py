@@ -28,6 +28,9 @@ class Target:
     overrides: list[str]
     sys_path: list[str]
     """The parent's import folders (the user's module is found as it was for the diagnosis)."""
+    threads_cap: int | None = None
+    """torch's default thread count capped at the cores other processes left free when the try began, as ``rlgauge
+    run`` caps it (``run.fair_threads``); decided once, by the parent, before any arm of its own runs."""
 
 
 @dataclass
@@ -56,6 +59,7 @@ class ArmRunner:
                    "config": self.target.config, "variant": self.target.variant,
                    "overrides": self.target.overrides, "sys_path": self.target.sys_path,
                    "changes": list(arm.runtime), "patched_dir": str(arm.patched_dir) if arm.patched_dir else None,
+                   "threads_cap": self.target.threads_cap,
                    "iterations": iterations, "params_out": str(stem.with_suffix(".pt")), "out": str(out)}
         path = stem.with_suffix(".request.json")
         path.write_text(json.dumps(request), encoding="utf-8")

@@ -33,6 +33,14 @@ def _arrange_path(search: list[str], patched: str | None) -> None:
         sys.path.insert(0, patched)
 
 
+def _cap_threads(request: dict[str, Any]) -> None:
+    """The parent's ``run.fair_threads`` decision: torch's default thread count capped as ``rlgauge run`` caps it."""
+    if request.get("threads_cap"):
+        from reference_trainers.runtime import device as dev
+
+        dev.cap_default_threads(request["threads_cap"])
+
+
 def _spec(request: dict[str, Any]) -> Any:
     from harness.specs.own_trainer import load_factory
     from harness.specs.presets import load_preset, own_trainer_preset, specs_of
@@ -160,6 +168,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     from harness.trials import runtime_patches
 
     _arrange_path(request["sys_path"], request.get("patched_dir"))
+    _cap_threads(request)
     runtime_patches.apply_process_changes(request["changes"])
     spec = _spec(request)
     if request["mode"] == "parity":
@@ -186,6 +195,7 @@ def serve_main(request: dict[str, Any]) -> int:
         from harness.trials import runtime_patches
 
         _arrange_path(request["sys_path"], request.get("patched_dir"))
+        _cap_threads(request)
         runtime_patches.apply_process_changes(request["changes"])
         _serve(_spec(request), sys.stdin, answer)
         return 0

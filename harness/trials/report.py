@@ -45,6 +45,10 @@ def table(report: TryReport) -> str:
               f"in each of {report.rounds} rounds of fresh processes); "
               f"maths: the parameters after {report.iterations} iterate() calls (and at "
               f"least {report.iterations} optimizer steps) from the seed."]
+    if report.threads_cap:
+        lines.append(f"Every arm ran with torch's default threads capped to {report.threads_cap}: other processes kept "
+                     "the rest of the cores busy when the try began (run.fair_threads, as rlgauge run does; "
+                     "--set run.fair_threads=false keeps the default).")
     if report.interrupted:
         lines.append("Interrupted: the pairs measured before it are shown.")
     measured = [t.effect for t in tried if t.effect and t.effect.pairs]
@@ -129,7 +133,7 @@ def as_json(report: TryReport) -> dict[str, Any]:
     tried = [t for t in report.trials if t.skip is None]
     return {"try": {
         "target": report.target, "variant": report.variant, "device": report.device, "rounds": report.rounds,
-        "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS,
+        "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS, "threads_cap": report.threads_cap,
         "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
         "trials": [_trial(t) for t in tried],
         "skipped": [{"change": t.name, "reason": t.skip} for t in report.trials if t.skip is not None],

@@ -79,6 +79,8 @@ class TryReport:
     rounds: int
     iterations: int
     cycles: int = slices.CYCLES
+    threads_cap: int | None = None
+    """torch's default thread count in every arm, where ``run.fair_threads`` capped it (None: torch's default)."""
     trials: list[Trial] = field(default_factory=list)
     combined: Trial | None = None
     """The combination's arm (``change`` of the first member), or a qualifying trial alone."""
@@ -195,7 +197,7 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
 def run_try(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
             rounds_count: int, iterations: int, say: Callable[[str], None], cycles: int = slices.CYCLES) -> TryReport:
     """Prepare, check and measure every candidate, then their combination; never raises for a trial's failure."""
-    report = TryReport(label, target.variant, device, rounds_count, iterations, cycles)
+    report = TryReport(label, target.variant, device, rounds_count, iterations, cycles, target.threads_cap)
     workdir = Path(tempfile.mkdtemp(prefix="rlgauge-try-"))
     try:
         report.trials = [Trial(c.change, list(c.sites), skip=c.skip) for c in candidates]
