@@ -418,23 +418,51 @@ def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> 
 
 
 def test_a_busy_machine_caps_every_arms_default_threads_as_run_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run.fair_threads`` for the arms: decided once by the parent, applied in each child before its factory."""
+    """``run.fair_threads`` for the arms: decided once where the try runs, applied in each child before its
+    factory."""
     from types import SimpleNamespace as NS
 
     import harness.measurement.machine_state as machine_state
-    from harness.cli import try_command
     from harness.trials import child
+    from harness.trials.session import fair_threads_cap
     from reference_trainers.runtime import device as dev
 
     monkeypatch.setattr(dev, "DEFAULT_THREADS", 2)
     monkeypatch.setattr(machine_state.Snapshot, "take", staticmethod(lambda: NS(busy_cores_before=1.0)))
     monkeypatch.setattr(machine_state, "free_cores", lambda busy: 1)
-    spec = NS(config=NS(run=NS(fair_threads=True)))
-    assert try_command._threads_cap(spec) == 1
-    assert try_command._threads_cap(NS(config=NS(run=NS(fair_threads=False)))) is None
+    assert fair_threads_cap(True) == 1
+    assert fair_threads_cap(False) is None
     try:
         child._cap_threads({"threads_cap": 1})
         assert dev.default_threads() == 1
     finally:
         dev.cap_default_threads(None)
     assert dev.default_threads() == 2
+
+
+def test_an_unknown_executor_exits_2_naming_the_accepted_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["try", "x.yaml", "--executor", "slurm"]) == 2
+    err = capsys.readouterr().err
+    assert "--executor slurm: unknown executor; accepted: local | ray | ray:ADDRESS" in err and "Traceback" not in err
+
+
+def test_a_try_sent_to_an_executor_runs_as_one_job_and_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--executor ray``: the whole try is one campaign job (its arms must alternate on one host)."""
+    from harness.campaigns.jobs import Gathered
+    from harness.cli import try_command
+    from harness.trials import session as session_module
+
+    seen: dict[str, Any] = {}
+
+    class OneJob:
+        name = "ray"
+
+        def run(self, jobs: list, *, cpus_per_job: int, on_result: Any = None) -> Gathered:
+            (job,) = jobs
+            seen.update(fn=job.fn, args=job.args)
+            return Gathered(results={"try": "the report"}, hosts={"try": "node-7"})
+
+    said: list[str] = []
+    result = try_command._remote_try(OneJob(), ("target", "x.yaml", "cpu", [], (None, "f"), 3, 3, 8), said.append)
+    assert result == "the report" and seen["fn"] is session_module.run_try_job
+    assert seen["args"][5:] == (3, 3, 8) and any("node-7" in line for line in said)

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.cli.options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
@@ -51,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="write the combination's changes as one unified diff (cd MODULE_FOLDER && "
                              "patch -p1 < OUT.diff)")
     parser.add_argument("--force", action="store_true", help="with --patch: replace an existing file")
+    parser.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
+                        help="where the trials run: here (default), or as one Ray job on one machine of a cluster "
+                             "(its arms alternate on that host; your files must be at the same path there)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -59,7 +63,10 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
     from harness.results import check_writable
     from harness.trials.plan import parse_only
 
+    from harness.campaigns.executors import parse_executor
+
     only = parse_only(args.only)
+    args.executor_checked = parse_executor(args.executor)  # a bad --executor stops here, before the diagnosis
     if args.rounds < 2:
         raise UserError(f"--rounds {args.rounds}: accepted: 2 or more (fresh processes: one process's luck is not "
                         "a change's effect)")
@@ -81,21 +88,8 @@ def _target(args: argparse.Namespace, spec: object) -> tuple:
     path = getattr(module, "__file__", None)
     target = Target(str(Path(args.target).resolve()) if args.target else None, args.trainer,
                     str(args.config.resolve()) if args.config else None, spec.variant,  # type: ignore[attr-defined]
-                    user_overrides(args), list(sys.path), _threads_cap(spec))
+                    user_overrides(args), list(sys.path), spec.config.run.fair_threads)  # type: ignore[attr-defined]
     return target, (Path(path).resolve() if path else None, trainer_text.partition(":")[2])
-
-
-def _threads_cap(spec: object) -> int | None:
-    """``rlgauge run``'s ``run.fair_threads`` for every arm: torch's default thread count capped at the cores other
-    processes keep free now, before any arm runs (arms warming up side by side would see each other)."""
-    from harness.measurement.machine_state import Snapshot, free_cores
-    from reference_trainers.runtime import device as dev
-
-    config = spec.config  # type: ignore[attr-defined]
-    if not config.run.fair_threads:
-        return None
-    cap = free_cores(Snapshot.take().busy_cores_before)
-    return cap if cap < dev.DEFAULT_THREADS else None
 
 
 def cmd_try(args: argparse.Namespace) -> int:
@@ -141,10 +135,19 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
     say("try: candidates: " + (", ".join(c.change.name + (" (not tried)" if c.skip else "") for c in chosen)
                                or "none (no finding points to a change this command makes)"))
     target, factory = _target(args, spec)
+    from harness.campaigns.executors import parse_executor
     from harness.trials.slices import CYCLES
 
-    result = run_try(target, label, str(resolution.device), chosen, factory, args.rounds,  # type: ignore[attr-defined]
-                     args.parity_iterations, say, cycles=getattr(args, "repeats", None) or CYCLES)
+    executor = getattr(args, "executor_checked", None) or parse_executor(getattr(args, "executor", None))
+    cycles = getattr(args, "repeats", None) or CYCLES
+    if executor.name == "local":
+        result = run_try(target, label, str(resolution.device), chosen, factory, args.rounds,  # type: ignore[attr-defined]
+                         args.parity_iterations, say, cycles=cycles)
+    else:
+        result = _remote_try(executor, (target, label, str(resolution.device), chosen, factory, args.rounds,
+                                        args.parity_iterations, cycles), say)
+        if result is None:
+            return EXIT_INTERRUPTED
     if args.json:
         print(json.dumps(report_module.as_json(result), indent=2))
     else:
@@ -166,6 +169,22 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
     for trial in failed:
         print(f"rlgauge: {trial.name} failed: {trial.error}", file=sys.stderr)
     return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def _remote_try(executor: object, job_args: tuple, say: Callable[[str], None]) -> object | None:
+    """The whole try as one campaign job on one machine of the executor (its arms' slices must alternate on one
+    host); the machine it ran on is said. None: interrupted before it finished."""
+    from harness.campaigns.jobs import Job
+    from harness.trials.session import run_try_job
+
+    job = Job("try", run_try_job, job_args)
+    say(f"try: sent to {executor.name} as one job (every arm on one machine; your module must be at the same "  # type: ignore[attr-defined]
+        "path there)")
+    gathered = executor.run([job], cpus_per_job=1)  # type: ignore[attr-defined]
+    if "try" not in gathered.results:
+        return None
+    say(f"try: ran on {gathered.hosts.get('try', '?')}")
+    return gathered.results["try"]
 
 
 COMMANDS = {"try": cmd_try}

@@ -28,9 +28,11 @@ class Target:
     overrides: list[str]
     sys_path: list[str]
     """The parent's import folders (the user's module is found as it was for the diagnosis)."""
+    fair_threads: bool = True
+    """The trainer's ``run.fair_threads``: cap torch's default thread count in every arm as ``rlgauge run`` does."""
     threads_cap: int | None = None
-    """torch's default thread count capped at the cores other processes left free when the try began, as ``rlgauge
-    run`` caps it (``run.fair_threads``); decided once, by the parent, before any arm of its own runs."""
+    """That cap: the cores other processes left free when the try began on the machine it runs on (``session``
+    decides it once, before any arm of its own runs); None: torch's default."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -194,9 +194,35 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
         combined.error = combined.effect.error
 
 
+def fair_threads_cap(fair_threads: bool) -> int | None:
+    """``rlgauge run``'s ``run.fair_threads`` for every arm: torch's default thread count capped at the cores other
+    processes keep free now, on this machine, before any arm runs (arms warming up side by side would see each
+    other); None where nothing is capped."""
+    from harness.measurement.machine_state import Snapshot, free_cores
+    from reference_trainers.runtime import device as dev
+
+    if not fair_threads:
+        return None
+    cap = free_cores(Snapshot.take().busy_cores_before)
+    return cap if cap < dev.DEFAULT_THREADS else None
+
+
+def _say_to_stderr(text: str) -> None:
+    import sys
+
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_try_job(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
+                rounds_count: int, iterations: int, cycles: int) -> TryReport:
+    """``run_try`` as a campaign job (``--executor ray``): importable by name, its progress on the job's stderr."""
+    return run_try(target, label, device, candidates, factory, rounds_count, iterations, _say_to_stderr, cycles)
+
+
 def run_try(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
             rounds_count: int, iterations: int, say: Callable[[str], None], cycles: int = slices.CYCLES) -> TryReport:
     """Prepare, check and measure every candidate, then their combination; never raises for a trial's failure."""
+    target = replace(target, threads_cap=fair_threads_cap(target.fair_threads))
     report = TryReport(label, target.variant, device, rounds_count, iterations, cycles, target.threads_cap)
     workdir = Path(tempfile.mkdtemp(prefix="rlgauge-try-"))
     try:
