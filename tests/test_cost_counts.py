@@ -98,7 +98,9 @@ def test_the_makefile_gates_every_count_but_the_instructions_at_a_factor_near_on
     assert re.compile(value["ASV_REPORTED"]).search("bench_counts.CostCounts.track_instructions_per_env_step")
     assert not re.compile(value["ASV_GATED"]).search("bench_counts.CostCounts.track_host_syncs_per_env_step")
     assert 1.0 < float(value["ASV_COUNT_FACTOR"]) <= 1.01
-    assert "make asv-counts BASE=HEAD~1" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    recipe = text[text.index("asv-continuous: asv-machine"):text.index("asv-counts: asv-machine")]
+    assert "--factor $(ASV_COUNT_FACTOR) -b '$(ASV_COUNTS)'" in recipe  # make asv-continuous gates the counts too
+    assert "make asv-continuous" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 def test_an_absent_device_is_skipped_by_the_counts(monkeypatch: pytest.MonkeyPatch) -> None:
