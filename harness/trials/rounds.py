@@ -5,7 +5,7 @@ once its warm-up is done."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from harness.stats import power
 from harness.stats.intervals import Ratio, paired_t_ratio
