@@ -22,16 +22,6 @@ BENCHMARK_CLASSES = [bench_throughput.Throughput, bench_throughput.TrainingCpuTi
                      bench_inference.InferenceCpuTime, bench_memory.HostMemory, bench_memory.DeviceMemory]
 
 
-@pytest.fixture(autouse=True)
-def _process_settings_restored():  # noqa: ANN202 - a fixture
-    """The benchmarks' setup applies a trainer's threads and precision to the whole process: put them back."""
-    from reference_trainers.runtime import device as dev
-
-    saved = dev.process_settings()
-    yield
-    dev.restore_process_settings(saved)
-
-
 def _make_variable(name: str) -> str:
     """A ``NAME ?= value`` default of the Makefile."""
     for line in (REPO_ROOT / "Makefile").read_text(encoding="utf-8").splitlines():

@@ -10,15 +10,6 @@ import pytest
 from benchmarks import bench_relative, common, reference_work
 
 
-@pytest.fixture(autouse=True)
-def _process_settings_restored():  # noqa: ANN202 - a fixture
-    from reference_trainers.runtime import device as dev
-
-    saved = dev.process_settings()
-    yield
-    dev.restore_process_settings(saved)
-
-
 def _busy(seconds: float) -> None:
     end = reference_work.cpu_seconds() + seconds
     while reference_work.cpu_seconds() < end:
