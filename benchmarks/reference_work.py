@@ -10,7 +10,7 @@ very same code. A trainer's slice and a reference slice alternate a fraction of 
 whatever the machine does to one it does to the other, and their ratio keeps the code's cost.
 
 Do not edit ``ReferenceWork``: its unit is what every stored ``RelativeCost`` value is counted in
-(bump ``RelativeCost.version`` if it must change).
+(bump ``RelativeCost.version`` if it must change: asv then keeps old values apart from new ones).
 """
 
 from __future__ import annotations

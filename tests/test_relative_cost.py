@@ -143,3 +143,10 @@ def test_relative_cost_reads_what_its_cache_measured() -> None:
     assert bench.track_training_cost(costs, "ppo-cartpole", "baseline", "cpu") == 2.5
     assert bench.track_acting_cost(costs, "ppo-cartpole", "baseline", "cpu") == 1.25
     assert bench_relative.RelativeCost.params[0] == bench_relative.RELATIVE_PRESETS
+
+
+def test_relative_cost_carries_an_explicit_version_for_its_yardstick() -> None:
+    """asv versions a benchmark by its own source, which here only reads the cache: a change of the yardstick must
+    bump ``version`` by hand, or old and new units would be compared."""
+    assert "version" in bench_relative.RelativeCost.__dict__
+    assert "RelativeCost.version" in (reference_work.__doc__ or "")
