@@ -1,7 +1,7 @@
 """``rlgauge try``: the parser and ``cmd_try``; the work is ``harness.trials``'s.
 
-Diagnoses the user's own trainer in this process, then tries each change the findings point to, each in
-fresh processes against the unchanged trainer (docs/try.md).
+Diagnoses the user's own trainer in this process, then tries each change the findings point to, each in a
+process of its own, in slices alternating with the unchanged trainer's (docs/try.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from harness.trials.rounds import DEFAULT_ROUNDS
 
     parser = sub.add_parser("try", help="try the changes a diagnosis points to on your own trainer, without editing "
-                            "it: each measured against it in fresh processes, with what it does to the maths",
+                            "it: each measured against it in alternating slices, with what it does to the maths",
                             description="Diagnose your own trainer, then apply each change its findings point to "
                                         "(runtime changes in the trainer's process; source changes on copies of "
                                         "your files), measure each against the unchanged trainer in alternating "
