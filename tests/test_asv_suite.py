@@ -183,7 +183,11 @@ def test_asv_continuous_flags_a_planted_30_pct_code_slowdown_and_not_an_identica
     assert len(worse) == 4, slowed.stdout  # training and acting, both variants
     assert all(float(line.split("|")[4]) > float(ASV_FACTOR) for line in worse)
 
+    # identical commits: as in CI, a flag is measured once more before it counts (the largest A/A ratio measured was
+    # 1.083 at a factor of 1.12, docs/tracking.md); the planted slowdown above is flagged in one run
     same = _asv("continuous", *bench, "HEAD~2", "HEAD~1", cwd=repo, env=env)
+    if same.returncode != 0:
+        same = _asv("continuous", *bench, "HEAD~2", "HEAD~1", cwd=repo, env=env)
     assert same.returncode == 0, same.stdout + same.stderr
     assert "PERFORMANCE DECREASED" not in same.stdout
 
