@@ -106,10 +106,10 @@ def measure_paired(slots: Sequence[Callable[[int], float]], rounds: int,
                    min_slice_seconds: float = MIN_SLICE_SECONDS) -> list[PairedCost]:
     """Run every slot ``rounds`` times, each run between two reference slices: R S1 R S2 R ... R.
 
-    A slot is called with a repeat count, fixed per slot from one timed call so that a slice takes
-    at least ``min_slice_seconds``, and returns how much work it did (env steps, selections). Its ratio in a round is its CPU
-    seconds over the mean of the reference slices just before and just after it (which cancels a
-    drift that is linear over the pair), per unit of its work. Slots take turns, so a
+    A slot is called with a repeat count, fixed per slot from one timed call so that a slice takes at
+    least ``min_slice_seconds``, and returns how much work it did (env steps, selections). Its ratio in
+    a round is its CPU seconds over the mean of the reference slices just before and just after it
+    (which cancels a drift that is linear over the pair), per unit of its work. Slots take turns, so a
     change in the machine's speed in the middle lands on every slot alike.
     """
     own = reference is None

@@ -244,7 +244,7 @@ class FakeServed:
         self.runner, self.name = runner, name
 
     def ready(self) -> dict[str, Any]:
-        return {"ready": True, "env_steps_per_sec": 1000.0, "float64_ops": self.runner.float64.get(self.name, 0),
+        return {"ready": True, "float64_ops": self.runner.float64.get(self.name, 0),
                 "host_syncs_per_step": 1.0}
 
     def slice(self, env_steps: int) -> dict[str, Any]:
@@ -394,7 +394,7 @@ def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> 
             self.name = name
 
         def ready(self) -> dict[str, Any]:
-            return {"env_steps_per_sec": 400.0, "float64_ops": 0, "host_syncs_per_step": 0.0}
+            return {"float64_ops": 0, "host_syncs_per_step": 0.0}
 
         def slice(self, steps: int) -> dict[str, Any]:
             order.append(self.name)

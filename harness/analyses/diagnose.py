@@ -43,7 +43,7 @@ from harness.diagnosis.phases import HOOKED_PHASES, LoopCounters, PhaseClock, ho
 from harness.diagnosis.recommendations import recommend
 from harness.errors import UserError
 from harness.measurement import metrics
-from harness.measurement.machine_state import Snapshot, free_cores
+from harness.measurement.machine_state import fair_threads_cap
 from harness.specs.own_trainer import OwnConfig, TrainerExhausted
 from harness.specs.presets import VariantSpec
 
@@ -289,10 +289,10 @@ def _fair_threads(resolution: Any) -> None:
     """As ``rlgauge run`` does (``run.fair_threads``): torch's default thread count capped at the cores
     other processes leave free, so a busy machine does not make every op wait for a busy core."""
     config = resolution.config
-    threads = getattr(getattr(config, "optimizations", None), "torch_threads", None)
-    cap = free_cores(Snapshot.take().busy_cores_before)
-    if threads is None and config.run.fair_threads and cap < dev.DEFAULT_THREADS:
-        dev.cap_default_threads(cap)
+    if getattr(getattr(config, "optimizations", None), "torch_threads", None) is None:
+        cap = fair_threads_cap(config.run.fair_threads)
+        if cap is not None:
+            dev.cap_default_threads(cap)
 
 
 def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:

@@ -139,3 +139,14 @@ class Snapshot:
             "others_cpu_share": metrics.spread(others_shares) if others_shares else None,
             "threads": threads, "thread_env": thread_env(), "heap_retained": heap_retention.retained,
         }
+
+
+def fair_threads_cap(fair_threads: bool) -> int | None:
+    """``run.fair_threads``: torch's default thread count capped at the cores other processes keep free now
+    (None where nothing is to be capped: the setting off, or enough cores free)."""
+    from reference_trainers.runtime import device as dev
+
+    if not fair_threads:
+        return None
+    cap = free_cores(Snapshot.take().busy_cores_before)
+    return cap if cap < dev.DEFAULT_THREADS else None

@@ -122,18 +122,14 @@ def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None]) -
     (resolution,) = resolve_specs([spec])
     trainer = spec.build(resolution, probe=TimingProbe())
     try:
-        start = time.perf_counter()
-        warmed = _train(trainer, max(1, resolution.config.run.warmup_steps))
-        rate = warmed / max(time.perf_counter() - start, 1e-9)
+        _train(trainer, max(1, resolution.config.run.warmup_steps))
         syncs, wide = HostSyncFinder(resolution.device, SiteFinder()), Float64Sentinel()
         with torch.compiler.set_stance("force_eager"), syncs, wide:
             agent_steps = _checked_iterations(trainer, True)
         vector_steps = max(1, agent_steps // resolution.config.env.num_envs)
-        start = time.perf_counter()
-        warmed = _train(trainer, max(1, int(rate * 0.25)))  # the rate after the checks, warm again
-        rate = warmed / max(time.perf_counter() - start, 1e-9)
-        answer({"ready": True, "env_steps_per_sec": rate, "float64_ops": wide.count,
-                "host_syncs_per_step": syncs.count / vector_steps, "optimizers": _implementations()})
+        _train(trainer, 1)  # one call out of the eager checks before the first timed slice
+        answer({"ready": True, "float64_ops": wide.count, "host_syncs_per_step": syncs.count / vector_steps,
+                "optimizers": _implementations()})
         for line in requests:
             steps = int(json.loads(line)["env_steps"])
             wall, cpu = time.perf_counter(), time.process_time()
@@ -175,7 +171,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         answer = _parity(spec, request["iterations"], request["params_out"])
     else:
         answer = _measure(spec)
-    answer["optimizers"] = dict(runtime_patches.implementations)
+    answer["optimizers"] = _implementations()
     return answer
 
 

@@ -101,8 +101,7 @@ def _combined_line(report: TryReport) -> str:
 
 
 def _ratio(trial: Trial | None) -> dict[str, Any] | None:
-    ratio = trial.ratio if trial is not None else None
-    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "pairs": ratio.n}
+    return _plain(trial.ratio if trial is not None else None)
 
 
 def _plain(ratio: Any) -> dict[str, float] | None:

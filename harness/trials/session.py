@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.diagnosis.frames import short
+from harness.measurement.machine_state import fair_threads_cap
 from harness.trials import parity, rounds, slices
 from harness.trials.arms import Arm, ArmRunner, Target
 from harness.trials.catalogue import Change
@@ -194,19 +195,6 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
         combined.error = combined.effect.error
 
 
-def fair_threads_cap(fair_threads: bool) -> int | None:
-    """``rlgauge run``'s ``run.fair_threads`` for every arm: torch's default thread count capped at the cores other
-    processes keep free now, on this machine, before any arm runs (arms warming up side by side would see each
-    other); None where nothing is capped."""
-    from harness.measurement.machine_state import Snapshot, free_cores
-    from reference_trainers.runtime import device as dev
-
-    if not fair_threads:
-        return None
-    cap = free_cores(Snapshot.take().busy_cores_before)
-    return cap if cap < dev.DEFAULT_THREADS else None
-
-
 def _say_to_stderr(text: str) -> None:
     import sys
 
@@ -222,6 +210,8 @@ def run_try_job(target: Target, label: str, device: str, candidates: list[Candid
 def run_try(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
             rounds_count: int, iterations: int, say: Callable[[str], None], cycles: int = slices.CYCLES) -> TryReport:
     """Prepare, check and measure every candidate, then their combination; never raises for a trial's failure."""
+    # decided once, on the machine the try runs on, before any arm of its own runs (arms warming up side by side
+    # would see each other as the machine's load)
     target = replace(target, threads_cap=fair_threads_cap(target.fair_threads))
     report = TryReport(label, target.variant, device, rounds_count, iterations, cycles, target.threads_cap)
     workdir = Path(tempfile.mkdtemp(prefix="rlgauge-try-"))

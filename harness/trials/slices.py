@@ -56,7 +56,7 @@ def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, 
                     effects[arm.name].error = answer["error"]
                 else:
                     effects[arm.name].add_checks(base, answer)
-            steps = steps or slice_steps(_slice(served[UNCHANGED], 1, UNCHANGED))
+            steps = steps or slice_steps(_unchanged_slice(served[UNCHANGED], 1))
             _turns(served, [a for a in live if effects[a.name].error is None], effects, steps, cycles)
         finally:
             for process in served.values():
@@ -69,14 +69,14 @@ def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, 
 
 def _turns(served: dict[str, Any], live: list[Arm], effects: dict[str, Effect], steps: int, cycles: int) -> None:
     unchanged = served[UNCHANGED]
-    before = _slice(unchanged, steps, "unchanged")
+    before = _unchanged_slice(unchanged, steps)
     for cycle in range(cycles):
         order = live if cycle % 2 == 0 else list(reversed(live))
         for arm in order:
             if effects[arm.name].error is not None:
                 continue
             changed = served[arm.name].slice(steps)
-            after = _slice(unchanged, steps, "unchanged")
+            after = _unchanged_slice(unchanged, steps)
             if "error" in changed:
                 effects[arm.name].error = changed["error"]
             else:
@@ -84,8 +84,8 @@ def _turns(served: dict[str, Any], live: list[Arm], effects: dict[str, Effect], 
             before = after
 
 
-def _slice(process: Any, steps: int, name: str) -> dict[str, Any]:
+def _unchanged_slice(process: Any, steps: int) -> dict[str, Any]:
     answer = process.slice(steps)
-    if "error" in answer and name == UNCHANGED:
+    if "error" in answer:
         raise UnchangedFailed(f"the unchanged trainer failed: {answer['error']}")
     return answer
