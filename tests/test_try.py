@@ -297,6 +297,15 @@ def test_a_change_rid_of_the_float64_ops_joins_the_combination_unless_it_is_slow
     assert slower.combined_changes == []
 
 
+def test_a_faster_change_that_makes_the_parameters_nan_stays_out_of_the_combination(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "combined": 1.2},
+                      {"threads_1": float("nan")})
+    trial = next(t for t in report.trials if t.name == "threads_1")
+    assert trial.verdict == "faster" and trial.parity.cls == "changes the maths" and "NaN/Inf" in trial.parity.note
+    assert report.combined_changes == ["no_validate_args"] and "set_num_threads" not in report.patch
+
+
 def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 + 4 parity runs, a timed call and a first unchanged slice, then (changed, unchanged) slices for 4 arms a
     # turn: stopping at call 18 leaves the first turn finished and the second's first arm unfinished

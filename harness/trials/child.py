@@ -75,8 +75,8 @@ def _measure(spec: Any) -> dict[str, Any]:
 
 def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
     """``iterations`` calls, then more until as many optimizer steps were taken (a generator that yields every env
-    step), up to the run's warm-up and steps in env steps; the parameters when first built (after the factory, or a
-    generator's first call) and after the last call, saved for ``parity``."""
+    step), up to the run's warm-up and steps in env steps; the state (``trainer_state``) when first built (after
+    the factory, or a generator's first call) and after the last call, saved for ``parity``."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -85,27 +85,35 @@ def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
 
     (resolution,) = resolve_specs([spec])
     cap = resolution.config.run.warmup_steps + resolution.config.run.steps
+    optimizers: list[Any] = []
     steps = [0]
-    handle = register_optimizer_step_post_hook(lambda *_: steps.__setitem__(0, steps[0] + 1))
+
+    def stepped(optimizer: Any, *_: Any) -> None:
+        steps[0] += 1
+        if not any(optimizer is seen for seen in optimizers):
+            optimizers.append(optimizer)  # held strongly: its state is read at the end
+
+    handle = register_optimizer_step_post_hook(stepped)
     trainer = spec.build(resolution, probe=TimingProbe())
     try:
         calls = env_steps = 0
         if not trainer.inner.modules:  # a generator builds them in its first call
             env_steps += trainer.iterate().env_steps
             calls = 1
-        initial = _parameters(trainer.inner.modules)
+        initial = trainer_state(trainer.inner.modules, [])
         while calls < iterations or (steps[0] < iterations and env_steps < cap):
             env_steps += trainer.iterate().env_steps
             calls += 1
         modules = trainer.inner.modules
-        final = _parameters(modules)
+        final = trainer_state(modules, optimizers)
     finally:
         handle.remove()
         trainer.close()
     torch.save({"initial": initial, "final": final}, params_out)
     nonfinite = sum(int((~torch.isfinite(v)).sum()) for v in final.values() if v.is_floating_point())
-    return {"parity": {"modules": [type(m).__name__ for m in modules], "tensors": len(final), "nonfinite": nonfinite,
-                       "calls": calls, "optimizer_steps": steps[0]}}
+    return {"parity": {"modules": [type(m).__name__ for m in modules],
+                       "optimizer_classes": [type(o).__name__ for o in optimizers], "tensors": len(final),
+                       "nonfinite": nonfinite, "calls": calls, "optimizer_steps": steps[0]}}
 
 
 def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None]) -> None:
@@ -153,11 +161,32 @@ def _implementations() -> dict[str, str]:
     return dict(runtime_patches.implementations)
 
 
-def _parameters(modules: list[Any]) -> dict[str, Any]:
+def trainer_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
+    """Every tensor the maths leaves behind, copied to the CPU by name: each module's parameters and buffers
+    (persistent or not), and each optimizer's per-parameter state and numeric hyper-parameters."""
     import torch
 
-    return {f"{i}.{type(m).__name__}.{key}": value.detach().to("cpu", copy=True)
-            for i, m in enumerate(modules) for key, value in m.state_dict().items() if isinstance(value, torch.Tensor)}
+    state: dict[str, Any] = {}
+    for i, module in enumerate(modules):
+        prefix = f"{i}.{type(module).__name__}"
+        for kind, named in (("", module.named_parameters()), ("buffer:", module.named_buffers())):
+            for key, value in named:
+                state[f"{prefix}.{kind}{key}"] = value.detach().to("cpu", copy=True)
+    for i, optimizer in enumerate(optimizers):
+        prefix = f"optimizer{i}.{type(optimizer).__name__}"
+        saved = optimizer.state_dict()
+        for index, values in saved["state"].items():
+            for key, value in values.items():
+                if isinstance(value, torch.Tensor):
+                    state[f"{prefix}.state.{index}.{key}"] = value.detach().to("cpu", copy=True)
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    state[f"{prefix}.state.{index}.{key}"] = torch.tensor(float(value), dtype=torch.float64)
+        for g, group in enumerate(saved["param_groups"]):
+            for key, value in group.items():
+                numbers = value if isinstance(value, tuple) else (value,)
+                if key != "params" and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+                    state[f"{prefix}.group{g}.{key}"] = torch.tensor([float(v) for v in numbers], dtype=torch.float64)
+    return state
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:

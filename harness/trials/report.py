@@ -29,7 +29,7 @@ def _maths(trial: Trial) -> str:
     if found is None:
         return "not checked"
     if found.max_rel_diff is None or found.max_rel_diff == 0.0:
-        return found.cls
+        return f"{found.cls} ({found.note})" if found.note and found.cls == "changes the maths" else found.cls
     return f"{found.cls} (max rel diff {found.max_rel_diff:.2g})"
 
 
@@ -80,7 +80,7 @@ def _notes(trials: list[Trial]) -> list[str]:
         if None not in syncs and syncs[0] != syncs[1]:
             parts.append(f"host syncs per step {syncs[0]:.3g} -> {syncs[1]:.3g}")
         if trial.nonfinite:
-            parts.append(f"{trial.nonfinite} NaN/Inf parameters")
+            parts.append(f"{trial.nonfinite} NaN/Inf values in the state after the maths check")
         if effect.optimizers:
             parts.append("optimizers " + ", ".join(f"{k} {v}" for k, v in effect.optimizers.items()))
         if parts:

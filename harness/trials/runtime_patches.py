@@ -72,17 +72,23 @@ def _patched_init(original: Callable[..., None], name: str, mode: str) -> Callab
 
 
 class ModuleRecorder:
-    """While active, records every ``nn.Module`` that gets a parameter or a submodule (weakly held)."""
+    """While active, records every ``nn.Module`` that gets a parameter, a buffer or a submodule, or is made by
+    ``copy.deepcopy`` or unpickling (a target network), weakly held; an id reused after a module died is a new
+    module."""
 
     def __init__(self) -> None:
         self._seen: dict[int, weakref.ref] = {}
         self._handles: list[Any] = []
+        self._setstate: Callable[..., None] | None = None
 
     def _add(self, module: nn.Module) -> None:
-        if id(module) not in self._seen:
-            self._seen[id(module)] = weakref.ref(module)
+        known = self._seen.get(id(module))
+        if known is not None and known() is module:
+            return
+        self._seen.pop(id(module), None)  # a dead module's id: the new one goes last, in the order first seen
+        self._seen[id(module)] = weakref.ref(module)
 
-    def _on_parameter(self, module: nn.Module, name: str, param: Any) -> None:
+    def _on_tensor(self, module: nn.Module, name: str, tensor: Any) -> None:
         self._add(module)
 
     def _on_module(self, module: nn.Module, name: str, submodule: Any) -> None:
@@ -91,14 +97,26 @@ class ModuleRecorder:
             self._add(submodule)
 
     def __enter__(self) -> "ModuleRecorder":
-        self._handles = [module_hooks.register_module_parameter_registration_hook(self._on_parameter),
+        self._handles = [module_hooks.register_module_parameter_registration_hook(self._on_tensor),
+                         module_hooks.register_module_buffer_registration_hook(self._on_tensor),
                          module_hooks.register_module_module_registration_hook(self._on_module)]
+        original = self._setstate = nn.Module.__setstate__
+        add = self._add
+
+        def setstate(module: nn.Module, state: dict[str, Any]) -> None:  # copy.deepcopy and pickle end here
+            original(module, state)
+            add(module)
+
+        nn.Module.__setstate__ = setstate  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._setstate is not None:
+            nn.Module.__setstate__ = self._setstate  # type: ignore[method-assign]
+            self._setstate = None
 
     def top_level(self) -> list[nn.Module]:
         """The recorded modules alive and inside no other recorded one, in the order first recorded."""

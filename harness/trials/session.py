@@ -131,7 +131,7 @@ def _parities(runner: ArmRunner, trials: list[Trial], iterations: int, report: T
     second = runner.run(Arm(rounds.UNCHANGED), "parity", iterations) if "error" not in first else first
     if "error" in first or "error" in second:
         raise rounds.UnchangedFailed(f"the unchanged trainer failed: {first.get('error') or second.get('error')}")
-    noise = parity.max_rel_diff(first["params"], second["params"])
+    noise = parity.compare(parity.load(first["params"]), parity.load(second["params"])).value
     report.noise = float("inf") if noise is None else noise
     for trial in trials:
         _check_maths(runner, trial, first, report.noise, iterations)
@@ -144,7 +144,8 @@ def _check_maths(runner: ArmRunner, trial: Trial, reference: dict[str, Any], noi
     if "error" in answer:
         trial.error = answer["error"]
         return
-    trial.parity = parity.classify(parity.max_rel_diff(reference["params"], answer["params"]), noise)
+    trial.parity = parity.classify(parity.compare(parity.load(reference["params"]), parity.load(answer["params"])),
+                                   noise)
     trial.nonfinite = answer["parity"]["nonfinite"]
     trial.optimizers = answer.get("optimizers", {})
 
