@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.diagnosis.phases import LoopCounters, PhaseClock, hooks
+from harness.diagnosis.hooks import hooks
+from harness.diagnosis.phases import LoopCounters, PhaseClock
 
 TESTS = Path(__file__).parent
 PLANTED_YAML = """\

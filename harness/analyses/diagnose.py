@@ -39,7 +39,9 @@ from harness.diagnosis.float64_sites import float64_finder, float64_sites
 from harness.diagnosis.frames import SiteFinder
 from harness.diagnosis.host_syncs import HostSyncFinder, cuda_sync_warnings, per_env_step
 from harness.diagnosis.loop_shape import KernelCounter, compile_counters, optimizers
-from harness.diagnosis.phases import HOOKED_PHASES, LoopCounters, PhaseClock, hooks
+from harness.diagnosis.compiled import CompileLog
+from harness.diagnosis.hooks import HookSet
+from harness.diagnosis.phases import HOOKED_PHASES, LoopCounters, PhaseClock
 from harness.diagnosis.recommendations import recommend
 from harness.errors import UserError
 from harness.measurement import metrics
@@ -97,6 +99,12 @@ class _State:
     block: int = 1
     """``iterate()`` calls per block (``calls_per_update``)."""
     audit_counters: LoopCounters = field(default_factory=LoopCounters)
+    log: CompileLog = field(default_factory=CompileLog)
+    compile_start: dict[str, int] = field(default_factory=dict)
+    compiled: bool = False
+    """Frames were compiled by the end of the warm-up: the torch-side hooks stay installed throughout."""
+    recompiles_before: int = 0
+    recompile_reasons: list[str] = field(default_factory=list)
 
 
 def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None, counters: LoopCounters | None = None) -> bool:
@@ -133,9 +141,10 @@ def _warm_up(trainer: Any, into: _Pass, steps: int, state: _State) -> list[int]:
     return stepping
 
 
-def _plain_and_hooked(trainer: Any, steps: int, state: _State) -> None:
+def _plain_and_hooked(trainer: Any, steps: int, state: _State, hook_set: HookSet) -> None:
     """``steps`` env steps without hooks and ``steps`` with them, block by block in turn (a busy
-    machine slows both alike, so their ratio is the hooks' overhead)."""
+    machine slows both alike, so their ratio is the hooks' overhead). A compiled trainer keeps the
+    torch-side hooks installed, idle, in its plain blocks (``hooks``: no recompile of rlgauge's making)."""
     while (state.plain.env_steps < steps or state.hooked.env_steps < steps) and not state.ran_out:
         if state.plain.env_steps <= state.hooked.env_steps:
             for _ in range(state.block):
@@ -143,47 +152,65 @@ def _plain_and_hooked(trainer: Any, steps: int, state: _State) -> None:
                 if state.ran_out:
                     break
             continue
-        with hooks(state.clock, state.counters, state.finder):
-            state.clock.enabled = state.probe.enabled = True
-            try:
-                for _ in range(state.block):
-                    state.ran_out = not _iterate(trainer, state.hooked, state.clock, state.counters)
-                    if state.ran_out:
-                        break
-            finally:
-                state.clock.enabled = state.probe.enabled = False
+        hook_set.install()
+        state.clock.enabled = state.probe.enabled = True
+        try:
+            for _ in range(state.block):
+                state.ran_out = not _iterate(trainer, state.hooked, state.clock, state.counters)
+                if state.ran_out:
+                    break
+        finally:
+            state.clock.enabled = state.probe.enabled = False
+            hook_set.remove()
 
 
-def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State) -> None:
+def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State, hook_set: HookSet) -> None:
     run = resolution.config.run
     warm = _Pass()
     trainer.activate()
     state.block = calls_per_update(_warm_up(trainer, warm, run.warmup_steps, state))
     if state.ran_out:
         return
+    state.compiled = compile_counters()["frames_compiled"] > state.compile_start.get("frames_compiled", 0) or \
+        bool(hook_set.view.compiled.roles)
+    hook_set.keep = state.compiled
+    hook_set.remove()
     state.compile_before = compile_counters()
+    state.recompiles_before = len(state.log.recompiles)
     state.threads = torch.get_num_threads()
     own_is_rlgauge = not isinstance(spec.config, OwnConfig)
-    state.finder = SiteFinder(own_is_rlgauge)
-    _plain_and_hooked(trainer, run.steps, state)
+    state.finder = hook_set.view.finder = SiteFinder(own_is_rlgauge)
+    _plain_and_hooked(trainer, run.steps, state, hook_set)
     state.compile_after = compile_counters()
+    state.recompile_reasons = state.log.recompiles[state.recompiles_before:]
     if state.ran_out and not state.hooked.calls:
         return
+    _audit(trainer, resolution, own_is_rlgauge, state, hook_set)
+
+
+def _audit(trainer: Any, resolution: Any, own_is_rlgauge: bool, state: _State, hook_set: HookSet) -> None:
+    """Whole blocks under the host-sync, float64 and kernel-counting modes, the phase hooks beside them."""
     finder, audit_clock, audit_counters = state.finder, PhaseClock(), state.audit_counters
+    view = hook_set.view
+    view.clock, view.counters, view.finder = audit_clock, audit_counters, None
     state.syncs = HostSyncFinder(resolution.device, finder, audit_counters)
     state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
     # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
     with torch.compiler.set_stance("force_eager"), cuda_sync_warnings(resolution.device, finder, state.syncs.sites):
-        with hooks(audit_clock, audit_counters, None), state.syncs, state.wide, state.kernels:
-            audit_clock.enabled = True
-            try:
-                while not state.ran_out and (state.audit.env_steps < AUDIT_ENV_STEPS or not state.audit.calls):
-                    for _ in range(state.block):
-                        if not _iterate(trainer, state.audit, audit_clock, audit_counters):
-                            state.ran_out = True
-                            break
-            finally:
-                audit_clock.enabled = False
+        hook_set.install()
+        try:
+            with state.syncs, state.wide, state.kernels:
+                audit_clock.enabled = True
+                try:
+                    while not state.ran_out and (state.audit.env_steps < AUDIT_ENV_STEPS or not state.audit.calls):
+                        for _ in range(state.block):
+                            if not _iterate(trainer, state.audit, audit_clock, audit_counters):
+                                state.ran_out = True
+                                break
+                finally:
+                    audit_clock.enabled = False
+        finally:
+            hook_set.remove()
 
 
 def _percent(seconds: dict[str, float], total: float) -> dict[str, float]:
@@ -231,12 +258,11 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
             "update_forwards_per_env_step": counters.forwards["update"] / steps,
             "optimizer_steps_per_env_step": counters.optimizer_steps / steps,
             "kernels_per_env_step": (state.kernels.kernels / max(1, audit.env_steps)) if state.kernels else 0.0,
-            "optimizers": optimizers(counters.optimizers), "torch_threads": state.threads or torch.get_num_threads(),
+            "optimizers": optimizers(counters.optimizers, counters.compiled_optimizers, counters.eager_optimizers),
+            "torch_threads": state.threads or torch.get_num_threads(),
             "env_classes": [name for name, _ in counters.env_classes.most_common()],
             "host_tensors_per_update": state.clock.update_host_tensors / max(1, counters.optimizer_steps),
-            "graph_breaks": state.compile_after.get("graph_breaks", 0) - state.compile_before.get("graph_breaks", 0),
-            "frames_compiled": state.compile_after.get("frames_compiled", 0),
-            "recompiles": state.compile_after.get("frames_compiled", 0) - state.compile_before.get("frames_compiled", 0),
+            **_compile_facts(state),
         },
         "overhead": {"plain_env_steps_per_sec": plain_rate, "hooked_env_steps_per_sec": hooked_rate,
                      "audit_env_steps_per_sec": audit_rate,
@@ -248,6 +274,20 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
     if not own:
         d["flag_advice"] = _flag_advice(resolution, d, plain_rate)
     return d
+
+
+def _compile_facts(state: _State) -> dict[str, Any]:
+    """torch.compile as the trainer has it: its graph breaks from the build on, by kind and line (dynamo's own
+    log), and the frames compiled while diagnosed (recompiles), with dynamo's reasons."""
+    after, before, start = state.compile_after, state.compile_before, state.compile_start
+    sites = [{"kind": kind, "where": where, "count": count} for (kind, where), count in state.log.breaks.most_common()]
+    return {"graph_breaks": after.get("graph_breaks", 0) - start.get("graph_breaks", 0),
+            "graph_break_sites": sites,
+            "frames_compiled": after.get("frames_compiled", 0) - start.get("frames_compiled", 0),
+            "recompiles": after.get("frames_compiled", 0) - before.get("frames_compiled", 0),
+            "recompile_reasons": state.recompile_reasons[:10],
+            "compiled_calls": dict(state.counters.compiled_calls),
+            "hooks_kept_installed": state.compiled}
 
 
 def _envs_per_step(spec: VariantSpec, state: _State) -> float:
@@ -307,9 +347,13 @@ def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
     trainer = None
     saved = dev.process_settings()
     _fair_threads(resolution)
+    hook_set = HookSet(state.clock, state.counters)
+    state.compile_start = compile_counters()
     try:
+        state.log.install()
+        hook_set.install()  # before the trainer is built: what it compiles sees the hooks as they stay
         trainer = (spec.build or build_trainer)(resolution, probe=state.probe)
-        _passes(trainer, spec, resolution, state)
+        _passes(trainer, spec, resolution, state, hook_set)
     except (UserError, ConfigError):
         raise
     except Exception as exc:  # the trainer failed: report what was found up to then
@@ -319,6 +363,8 @@ def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
         raise DiagnosisFailed(f"{whose} raised during the diagnosis: {type(exc).__name__}: "
                               f"{' '.join(str(exc).split())}", partial) from exc
     finally:
+        hook_set.close()
+        state.log.remove()
         if trainer is not None:
             trainer.close()
         dev.restore_process_settings(saved)

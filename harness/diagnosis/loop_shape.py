@@ -43,9 +43,14 @@ def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
     return "foreach" if foreach else "for-loop"
 
 
-def optimizers(found: dict[int, torch.optim.Optimizer]) -> list[dict[str, str]]:
-    """``[{class, impl}]`` of the optimizers that stepped."""
-    return [{"class": type(o).__name__, "impl": optimizer_impl(o)} for o in found.values()]
+def optimizers(found: dict[int, torch.optim.Optimizer], compiled: set[int] | None = None,
+               eager: set[int] | None = None) -> list[dict[str, str]]:
+    """``[{class, impl}]`` of the optimizers that stepped; ``impl`` is ``compiled`` for one stepped only inside
+    compiled code (no eager step seen): its step is whatever the compiler made of it, not the for-loop."""
+    compiled = compiled or set()
+    return [{"class": type(o).__name__,
+             "impl": "compiled" if key in compiled and key not in (eager or set()) else optimizer_impl(o)}
+            for key, o in found.items()]
 
 
 def compile_counters() -> dict[str, int]:

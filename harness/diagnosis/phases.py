@@ -1,7 +1,8 @@
-"""Wall time split into phases with no instrumentation: torch's global hooks and a few wrappers.
+"""Wall time split into phases with no instrumentation: the clock and counters the hooks (``hooks``) feed.
 
-- ``env``: gymnasium ``Env.step``/``reset`` and ``VectorEnv.step``/``reset`` (every subclass
-  loaded, so a backend that wraps them is one env call);
+- ``env``: an env's ``step``/``reset`` wherever the env is stepped: gymnasium's ``Env`` and ``VectorEnv``,
+  TorchRL's ``EnvBase`` (``step_and_maybe_reset`` too), SB3's ``VecEnv``, EnvPool (every subclass loaded,
+  so a library's wrapper around gymnasium is one env call);
 - ``inference``: acting: a module forward followed by an env step before any update call (under
   ``no_grad`` or not: an acting forward that builds a graph nobody uses is still acting, and a
   finding), and the work from it to the env step that takes its actions (sampling, the host copy
@@ -26,7 +27,8 @@ assembles a minibatch on the host and hands it over: ``transfer``; the rest is `
 
 The outermost phase wins: a forward inside an env step is env time, a backward inside a
 forward is the forward's (no double counting). The same hooks count outermost forwards, by
-kind, and note the optimizers that step (``loop_shape``).
+kind, and note the optimizers that step (``loop_shape``). A compiled callable is one call of its role
+(``compiled``): an update when it steps an optimizer, else a forward.
 """
 
 from __future__ import annotations
@@ -35,12 +37,9 @@ import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import numpy as np
 import torch
-from torch.nn.modules import module as nn_module
-from torch.optim import optimizer as optim_module
 
 HOOKED_PHASES: tuple[str, ...] = ("env", "inference", "update", "transfer")
 SHOWN_PHASES: tuple[str, ...] = HOOKED_PHASES + ("other",)
@@ -99,6 +98,17 @@ class PhaseClock:
         if self.enabled and not self._stack:
             self._entered_graph = builds_graph
         self.enter("inference")
+
+    def relabel(self, phase: str) -> None:
+        """The outermost phase running is ``phase`` after all (a compiled call found to step an optimizer)."""
+        if self._stack:
+            self._stack[0] = phase
+            self._entered_graph = False
+
+    def mark_graph(self, builds_graph: bool) -> None:
+        """The outermost forward running built an autograd graph (known only once a compiled call returns)."""
+        if len(self._stack) == 1:
+            self._entered_graph = builds_graph
 
     def leave(self) -> None:
         if not self._stack:
@@ -248,6 +258,14 @@ class LoopCounters:
         self.forwards: Counter[str] = Counter()
         self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.optimizer_steps = 0
+        self.eager_steps = 0
+        """Optimizer steps whose hooks ran in Python (not inside compiled code), counted or not."""
+        self.eager_optimizers: set[int] = set()
+        """Ids of the optimizers whose step hooks ran in Python."""
+        self.compiled_optimizers: set[int] = set()
+        """Ids of the optimizers stepped inside compiled code (``compiled``)."""
+        self.compiled_calls: Counter[str] = Counter()
+        """Counted calls of compiled callables by role (``update``, ``forward``)."""
         self.env_classes: Counter[str] = Counter()
         self.env_step_calls = 0
         """Outermost env ``step`` calls (a vector env's step is one)."""
@@ -294,187 +312,7 @@ class LoopCounters:
             self.pending_syncs.append(key)
 
 
-def _builds_graph(module: torch.nn.Module, inputs: tuple) -> bool:
-    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
-        return False
-    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
-        return True
-    return any(p.requires_grad for p in module.parameters())
-
-
-def _rows(inputs: tuple) -> int:
+def rows_of(inputs: tuple) -> int:
     """Rows of a forward: the first dimension of a batched input; a 0-D or 1-D input is one row."""
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
     return 1 if first is None or first.dim() <= 1 else int(first.shape[0])
-
-
-def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
-    target = kwargs.get("device")
-    if target is None:
-        for arg in args:
-            if isinstance(arg, (str, torch.device)) and not isinstance(arg, torch.dtype):
-                target = arg
-                break
-            if isinstance(arg, torch.Tensor):
-                target = arg.device
-                break
-    try:
-        return None if target is None else torch.device(target)
-    except (RuntimeError, TypeError):
-        return None
-
-
-def _env_classes() -> list[type]:
-    """gymnasium's Env and VectorEnv and every subclass loaded now."""
-    import gymnasium
-
-    seen: list[type] = []
-    todo: list[type] = [gymnasium.Env, gymnasium.vector.VectorEnv]
-    while todo:
-        cls = todo.pop()
-        if cls not in seen:
-            seen.append(cls)
-            todo.extend(cls.__subclasses__())
-    return seen
-
-
-class Patches:
-    """Attribute patches undone in reverse order."""
-
-    def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
-
-    def replace(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        had_own = name in vars(owner)
-        original = getattr(owner, name)
-        setattr(owner, name, make(original))
-        self._undo.append(lambda: setattr(owner, name, original) if had_own else delattr(owner, name))
-
-    def handle(self, handle: Any) -> None:
-        self._undo.append(handle.remove)
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-
-def _timed(clock: PhaseClock, phase: str, original: Callable[..., Any],
-           counters: "LoopCounters | None" = None) -> Callable[..., Any]:
-    """``original`` timed as ``phase``; an outermost update call decides the pending forwards' role."""
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if counters is not None and clock.enabled and clock.current is None:
-            counters.resolve(phase)
-        clock.enter(phase)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            clock.leave()
-
-    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-    return wrapped
-
-
-def _copy(clock: PhaseClock, original: Callable[..., Any], default_target: str | None) -> Callable[..., Any]:
-    """A tensor method that copies across devices when its target device differs from the tensor's."""
-
-    def wrapped(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        target = torch.device(default_target) if default_target else _device_of(args, kwargs)
-        if target is None or target.type == tensor.device.type:
-            return original(tensor, *args, **kwargs)
-        clock.enter("transfer")
-        try:
-            return original(tensor, *args, **kwargs)
-        finally:
-            clock.leave()
-
-    return wrapped
-
-
-def _env_call(clock: PhaseClock, counters: "LoopCounters", original: Callable[..., Any]) -> Callable[..., Any]:
-    """An env's ``step``/``reset``: env time, and the class of the outermost env called."""
-
-    def wrapped(env: Any, *args: Any, **kwargs: Any) -> Any:
-        if clock.enabled and clock.current is None:
-            counters.env_classes[type(env).__name__] += 1
-            if original.__name__ == "step":
-                counters.env_step_calls += 1
-                counters.resolve("inference")
-        clock.enter("env")
-        try:
-            return original(env, *args, **kwargs)
-        finally:
-            clock.leave()
-
-    return wrapped
-
-
-def _from_host(clock: PhaseClock, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.tensor``/``as_tensor``/``from_numpy``: a NumPy input is a host->device copy's start."""
-
-    def wrapped(data: Any, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(data, np.ndarray):
-            return original(data, *args, **kwargs)
-        if clock.enabled:
-            clock.count_host_tensor()
-        clock.enter("transfer")
-        try:
-            return original(data, *args, **kwargs)
-        finally:
-            clock.leave()
-            clock.host_tensor_made()
-
-    return wrapped
-
-
-@contextlib.contextmanager
-def hooks(clock: PhaseClock, counters: LoopCounters, finder: Any = None) -> Iterator[None]:
-    """Install every hook and wrapper; remove them all on leaving, whatever happens. ``finder``
-    (a ``frames.SiteFinder``) notes where inference forwards are called from."""
-    patches = Patches()
-
-    def forward_pre(module: torch.nn.Module, inputs: tuple) -> None:
-        if counters.depth == 0:
-            builds_graph = _builds_graph(module, inputs)
-            if clock.enabled and clock.current is None:
-                counters.forward_seen(builds_graph, _rows(inputs), finder)
-            clock.enter_forward(builds_graph)
-        else:
-            clock.enter("inference")  # nested: the outer phase already runs, this one is not counted
-        counters.depth += 1
-
-    def forward_post(module: torch.nn.Module, inputs: tuple, output: Any) -> None:
-        counters.depth = max(0, counters.depth - 1)
-        clock.leave()
-
-    def step_pre(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        counters.optimizers[id(optimizer)] = optimizer
-        if clock.enabled:
-            counters.optimizer_steps += 1
-            if clock.current is None:
-                counters.resolve("update")
-        clock.enter("update")
-
-    def step_post(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        clock.leave()
-
-    try:
-        patches.handle(nn_module.register_module_forward_pre_hook(forward_pre))
-        patches.handle(nn_module.register_module_forward_hook(forward_post, always_call=True))
-        patches.handle(optim_module.register_optimizer_step_pre_hook(step_pre))
-        patches.handle(optim_module.register_optimizer_step_post_hook(step_post))
-        for owner, name in ((torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad"),
-                            (torch.optim.Optimizer, "zero_grad"), (torch.nn.utils, "clip_grad_norm_")):
-            patches.replace(owner, name, lambda f: _timed(clock, "update", f, counters))
-        for cls in _env_classes():
-            for name in ("step", "reset"):
-                if name in vars(cls):
-                    patches.replace(cls, name, lambda f: _env_call(clock, counters, f))
-        patches.replace(torch.Tensor, "to", lambda f: _copy(clock, f, None))
-        patches.replace(torch.Tensor, "cpu", lambda f: _copy(clock, f, "cpu"))
-        patches.replace(torch.Tensor, "cuda", lambda f: _copy(clock, f, "cuda"))
-        for name in ("tensor", "as_tensor", "from_numpy"):
-            patches.replace(torch, name, lambda f: _from_host(clock, f))
-        yield
-    finally:
-        patches.undo()

@@ -130,7 +130,13 @@ def _graph_breaks(d: dict[str, Any]) -> str | None:
     loop = d["loop"]
     if not loop["graph_breaks"] and not loop["recompiles"]:
         return None
-    return f"torch.compile: {loop['graph_breaks']} graph breaks, {loop['recompiles']} recompiles during the diagnosis"
+    sites = loop.get("graph_break_sites", [])
+    named = "; ".join(f"{s['kind']} at {short(s['where'])}" for s in sites[:5])
+    text = f"torch.compile: {loop['graph_breaks']} graph breaks" + (f" ({named})" if named else "")
+    if loop["recompiles"]:
+        reasons = loop.get("recompile_reasons", [])
+        text += f"; {loop['recompiles']} recompiles while diagnosed" + (f" ({reasons[0]})" if reasons else "")
+    return text
 
 
 def _transfer(d: dict[str, Any]) -> str | None:
@@ -196,8 +202,10 @@ RULES: list[Rule] = [
     Rule("uncompiled_update", "torch.compile the update step (measure it: compiled tiny networks can be slower "
          "on a CPU)", "compile_train_step", _many_kernels, "compiled: {compile_update: true}",
          "compilation fuses the update's many small kernels and removes their Python dispatch"),
-    Rule("graph_breaks", "remove the graph breaks (print, .item(), data-dependent branches inside the compiled "
-         "function) so the compiled region stays whole", None, _graph_breaks, "no_breaks: {}",
+    Rule("graph_breaks", "remove the graph breaks the finding names where you can (print, .item(), data-dependent "
+         "branches inside the compiled function); breaks at backward() and zero_grad() are dynamo's own: compile the "
+         "forward and loss as one function and leave backward and the optimizer step outside it", None, _graph_breaks,
+         "no_breaks: {}",
          "each graph break splits the compiled region and returns to Python; each recompile pays compilation again"),
     Rule("transfer", "pinned host buffers and .to(device, non_blocking=True)", "pinned_memory", _transfer,
          "pinned: {pinned_memory: true}",

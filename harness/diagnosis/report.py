@@ -14,6 +14,18 @@ def _split(shares: dict[str, float], order: tuple[str, ...]) -> str:
     return ", ".join(f"{name} {shares.get(name, 0.0):.1f}%" for name in order)
 
 
+def _compile_line(loop: dict[str, Any]) -> str:
+    """torch.compile as the trainer has it: frames, breaks by kind and line, recompiles while diagnosed."""
+    sites = loop.get("graph_break_sites", [])
+    breaks = "; ".join(f"{s['kind']} at {short(s['where'])}" for s in sites[:6])
+    calls = loop.get("compiled_calls") or {}
+    roles = ", ".join(f"{count} {role}" for role, count in sorted(calls.items()))
+    return (f"compile: {loop['frames_compiled']} frames compiled, {loop['graph_breaks']} graph breaks"
+            + (f" ({breaks})" if breaks else "") + f", {loop['recompiles']} recompiles while diagnosed"
+            + (f" ({loop['recompile_reasons'][0]})" if loop.get("recompile_reasons") else "")
+            + (f"; compiled calls timed from outside: {roles}" if roles else ""))
+
+
 def report_lines(d: dict[str, Any]) -> list[str]:
     """Phases, host syncs, float64, loop shape, recommendations and the hooks' overhead, as lines."""
     loop, over = d["loop"], d["overhead"]
@@ -43,8 +55,7 @@ def report_lines(d: dict[str, Any]) -> list[str]:
         f"vector step); {loop['optimizer_steps_per_env_step']:.3g} optimizer steps per env step; "
         f"{loop['kernels_per_env_step']:.1f} kernels per env step; optimizer: {opts}; torch threads: "
         f"{loop['torch_threads']}; envs: {', '.join(loop['env_classes']) or 'none seen'}",
-        f"compile: {loop['frames_compiled']} frames compiled, {loop['graph_breaks']} graph breaks and "
-        f"{loop['recompiles']} recompiles while diagnosed",
+        _compile_line(loop),
     ]
     if over["hooks_pct"] is not None:
         audit = over["audit_env_steps_per_sec"]
