@@ -306,6 +306,52 @@ def test_a_faster_change_that_makes_the_parameters_nan_stays_out_of_the_combinat
     assert report.combined_changes == ["no_validate_args"] and "set_num_threads" not in report.patch
 
 
+def test_a_combination_that_changes_the_maths_gives_no_patch_and_names_the_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each member kept the maths alone; together they do not: no patch, and the member whose addition broke it."""
+    report = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "combined": 1.5},
+                      {"combined": 1.2})
+    assert report.combined_changes == ["threads_1", "no_validate_args"] and report.patch == ""
+    assert report.combined.parity.cls == "changes the maths" and report.combined.effect is None  # never measured
+    assert report.no_patch.startswith("the combination changes the maths (max rel diff 0.2): no_validate_args added "
+                                      "to threads_1 does")
+
+
+def test_a_combination_measured_slower_gives_no_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "combined": 0.8}, {})
+    assert report.combined.verdict == "slower" and report.patch == ""
+    assert report.no_patch.startswith("the combination was slower: 0.8")
+    kept = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "combined": 1.4}, {})
+    assert kept.combined.verdict == "faster" and kept.no_patch is None
+
+
+@pytest.mark.parametrize(("no_patch", "patch", "code"), [("the combination was slower: 0.800x [0.79-0.81]", "", 3),
+                                                         (None, "--- a/x.py\n", 0), (None, "", 0)])
+def test_patch_is_written_only_for_a_checked_combination(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str], no_patch: str | None,
+                                                         patch: str, code: int) -> None:
+    """``--patch`` where the combination failed its checks: nothing written, one line saying why, exit 3."""
+    from argparse import Namespace
+
+    from harness.cli import try_command
+
+    report = session.TryReport("x.yaml", "baseline", "cpu", 2, 3, patch=patch, no_patch=no_patch)
+    monkeypatch.setattr(session, "run_try", lambda *_a, **_k: report)
+    out = tmp_path / "out.diff"
+    args = Namespace(target=None, trainer="nowhere_module:make", config=None, quiet=True, executor_checked=None, executor="local", repeats=None, rounds=2,
+                     parity_iterations=3, json=True, patch=out, set=[], steps=None, device=None, seed=None)
+    spec = SimpleNamespace(config=SimpleNamespace(trainer="nowhere_module:make", run=SimpleNamespace(
+        fair_threads=False)), variant="baseline")
+    monkeypatch.setattr(try_command, "user_overrides", lambda _args: [])
+    found = {"device": "cpu", "recommendations": []}
+    assert try_command.try_changes(args, spec, SimpleNamespace(device="cpu"), "x.yaml", found, None) == code
+    err = capsys.readouterr().err.strip()
+    if no_patch:
+        assert not out.exists() and err == f"rlgauge: {out} not written: {no_patch}"
+    else:
+        assert out.exists() == bool(patch) and "Traceback" not in err
+
+
 def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 + 4 parity runs, a timed call and a first unchanged slice, then (changed, unchanged) slices for 4 arms a
     # turn: stopping at call 18 leaves the first turn finished and the second's first arm unfinished

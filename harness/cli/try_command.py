@@ -13,8 +13,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.cli.options import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from harness.cli.options import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options,
+                                 user_overrides)
 from harness.errors import UserError
+
+EXIT_NO_PATCH = 3
+"""``--patch`` not written: the combination changed the maths, failed or was slower (one line says which)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                         "your files), measure each against the unchanged trainer in alternating "
                                         "slices of live processes, compare the parameters after a few iterations "
                                         "from the same seed, and combine those that were faster and kept the maths. "
-                                        "Your files are only read.")
+                                        "Your files are only read.",
+                            epilog=f"Exit codes: {EXIT_OK} done; {EXIT_CHECK_FAILED} a trial failed (the others are "
+                                   f"measured) or the unchanged trainer failed; {EXIT_BAD_INPUT} bad input; "
+                                   f"{EXIT_NO_PATCH} --patch not written because the combination changed the maths, "
+                                   f"failed or was slower; {EXIT_INTERRUPTED} interrupted.")
     parser.add_argument("target", nargs="?", default=None, metavar="FILE.yaml",
                         help="a YAML file naming your trainer with trainer: (or --trainer)")
     parser.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",
@@ -50,7 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--patch", type=Path, metavar="OUT.diff",
                         help="write the combination's changes as one unified diff (cd MODULE_FOLDER && "
-                             "patch -p1 < OUT.diff)")
+                             "patch -p1 < OUT.diff), only when the combination itself kept the maths and was not "
+                             f"found slower; otherwise nothing is written, one line says why and the exit code is "
+                             f"{EXIT_NO_PATCH}")
     parser.add_argument("--force", action="store_true", help="with --patch: replace an existing file")
     parser.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
                         help="where the trials run: here (default), or as one Ray job on one machine of a cluster "
@@ -158,16 +168,19 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
     if result.interrupted:
         print("rlgauge: interrupted; the trials above are those measured before it", file=sys.stderr)
         return EXIT_INTERRUPTED
+    failed = [t for t in result.trials if t.error is not None]
+    for trial in failed:
+        print(f"rlgauge: {trial.name} failed: {trial.error}", file=sys.stderr)
     if getattr(args, "patch", None) is not None:
         if result.patch:
             write_text_atomically(args.patch, result.patch)
             folder = factory[0].parent if factory[0] is not None else Path.cwd()
             say(f"try: patch written to {args.patch} (apply it: cd {folder} && patch -p1 < {args.patch.resolve()})")
+        elif result.no_patch:
+            print(f"rlgauge: {args.patch} not written: {result.no_patch}", file=sys.stderr)
+            return EXIT_NO_PATCH
         else:
             say(f"try: no change was faster with the maths kept; {args.patch} not written")
-    failed = [t for t in result.trials if t.error is not None]
-    for trial in failed:
-        print(f"rlgauge: {trial.name} failed: {trial.error}", file=sys.stderr)
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 

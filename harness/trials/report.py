@@ -57,6 +57,8 @@ def table(report: TryReport) -> str:
         lines.append(f"* not trustworthy: {len(bad)} of {len(measured)} changes, e.g. {bad[0].reasons[0]}")
     lines += _notes(tried)
     lines += ["", _combined_line(report)]
+    if report.no_patch:
+        lines.append(f"No patch: {report.no_patch}.")
     skipped = [t for t in report.trials if t.skip is not None]
     if skipped:
         lines += ["", "Not tried:"] + [f"- {t.name}: {t.skip}" for t in skipped]
@@ -138,6 +140,8 @@ def as_json(report: TryReport) -> dict[str, Any]:
         "skipped": [{"change": t.name, "reason": t.skip} for t in report.trials if t.skip is not None],
         "combined": {"changes": report.combined_changes, "ratio": _ratio(combined),
                      "parity": combined.parity.to_dict() if combined and combined.parity else None,
-                     "verdict": combined.verdict if combined else None, "diff": report.patch},
+                     "verdict": combined.verdict if combined else None,
+                     "diff": combined.diff if combined else "",
+                     "patch": report.patch, "no_patch": report.no_patch},
         "interrupted": report.interrupted, "failed": report.failed,
         "accepted_changes": list(CHANGES)}}

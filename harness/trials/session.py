@@ -87,6 +87,9 @@ class TryReport:
     """The combination's arm (``change`` of the first member), or a qualifying trial alone."""
     combined_changes: list[str] = field(default_factory=list)
     patch: str = ""
+    """The combination as a diff: set only when it kept the maths and was not found slower (one member: its own)."""
+    no_patch: str | None = None
+    """Why there is no patch though changes qualified (the combination changed the maths, failed or was slower)."""
     noise: float | None = None
     """The unchanged trainer's own parity: its largest relative difference run twice from the seed."""
     interrupted: bool = False
@@ -165,9 +168,18 @@ def members(trials: list[Trial]) -> list[Trial]:
     return [t for t in trials if t in chosen.values()]
 
 
+def _combined_arm(name: str, chosen: list[Trial], workdir: Path) -> Arm:
+    """One arm with every change of ``chosen`` (``EditRefused`` when their source edits do not combine)."""
+    runtime = tuple(t.name for t in chosen if t.change.kind == "runtime")
+    edited = edited_files([edit for t in chosen for edit in t.edits])
+    return Arm(name, tuple(t.name for t in chosen), runtime, write_copies(edited, workdir / name) if edited else None,
+               edited)
+
+
 def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], workdir: Path,
              factory: tuple[Path | None, str], report: TryReport, say: Callable[[str], None]) -> None:
-    """The members applied together, its maths checked and measured as each trial was (one member: its own)."""
+    """The members applied together, its maths checked and measured as each trial was (one member: its own); the
+    patch kept only when the combination kept the maths and was not slower (else ``report.no_patch`` says why)."""
     names = [t.name for t in chosen]
     report.combined_changes = names
     optimizers = {k: v for t in chosen for k, v in t.optimizers.items()}
@@ -176,24 +188,55 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
         edited = edited_files(edits)
     except EditRefused as refused:  # two edits that do not go together: each alone was measured
         report.combined = Trial(chosen[0].change, error=f"the source edits do not combine: {refused}")
+        report.no_patch = f"the source edits do not combine: {refused}"
         return
+    candidate = _diff(names, edited, factory, optimizers)
     if len(chosen) == 1:
         report.combined = chosen[0]
-        report.patch = _diff(names, edited, factory, optimizers)
+        report.patch = candidate
         return
-    runtime = tuple(t.name for t in chosen if t.change.kind == "runtime")
-    arm = Arm("combined", tuple(names), runtime, write_copies(edited, workdir / "combined") if edited else None, edited)
-    combined = Trial(chosen[0].change, arm=arm, optimizers=optimizers)
+    arm = _combined_arm("combined", chosen, workdir)
+    combined = Trial(chosen[0].change, arm=arm, optimizers=optimizers, diff=candidate)
     report.combined = combined
-    report.patch = _diff(names, edited, factory, optimizers)
-    combined.diff = report.patch
     say(f"try: the combination: {' + '.join(names)}")
     _check_maths(runner, combined, reference, report.noise or 0.0, report.iterations)
+    if combined.error is None and combined.parity is not None and not combined.parity.keeps_maths:
+        report.no_patch = _maths_breaker(runner, chosen, reference, workdir, report, combined.parity)
+        return
     if combined.error is None:
         effects: dict[str, rounds.Effect] = {}
         slices.measure(runner, [arm], report.rounds, effects, say, report.cycles, label="combined round")
         combined.effect = effects["combined"]
         combined.error = combined.effect.error
+    if combined.error is not None:
+        report.no_patch = f"the combination failed: {combined.error}"
+    elif combined.verdict == "slower":
+        report.no_patch = f"the combination was slower: {_ratio_text(combined)}"
+    elif combined.verdict == "faster" or combined.verdict.startswith("no effect"):
+        report.patch = candidate
+    else:
+        report.no_patch = f"the combination was not measured ({combined.verdict})"
+
+
+def _maths_breaker(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], workdir: Path,
+                   report: TryReport, found: parity.Parity) -> str:
+    """Why the combination changes the maths though each member alone kept it: the first member whose addition to
+    those before it changes the maths (each prefix of two or more members checked in turn)."""
+    breaker, before = chosen[-1], chosen[:-1]
+    for count in range(2, len(chosen)):
+        trial = Trial(chosen[0].change, arm=_combined_arm(f"combined-{count}", chosen[:count], workdir))
+        _check_maths(runner, trial, reference, report.noise or 0.0, report.iterations)
+        if trial.error is not None or (trial.parity is not None and not trial.parity.keeps_maths):
+            breaker, before = chosen[count - 1], chosen[:count - 1]
+            break
+    detail = f"max rel diff {found.max_rel_diff:.2g}" if found.max_rel_diff is not None else found.note
+    return (f"the combination changes the maths ({detail}): {breaker.name} added to "
+            f"{' + '.join(t.name for t in before)} does, though each kept it alone")
+
+
+def _ratio_text(trial: Trial) -> str:
+    ratio = trial.ratio
+    return "not measured" if ratio is None else f"{ratio.value:.3f}x [{ratio.low:.3f}-{ratio.high:.3f}]"
 
 
 def _say_to_stderr(text: str) -> None:
