@@ -182,7 +182,9 @@ def test_a_trainer_that_raises_is_one_line_with_what_was_found(
     captured = capsys.readouterr()
     assert code == 1
     assert captured.err.strip().splitlines()[-1] == (
-        "rlgauge: your trainer breaks:make_trainer raised during the diagnosis: RuntimeError: simulator lost")
+        f"rlgauge: your trainer breaks:make_trainer raised during the diagnosis at {tmp_path / 'breaks.py'}:7: "
+        "RuntimeError: simulator lost")
+    assert captured.err.count("simulator lost") == 1
     assert "phases found by the hooks" in captured.out
 
 

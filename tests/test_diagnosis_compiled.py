@@ -53,3 +53,59 @@ def test_a_compiled_trainer_is_diagnosed_without_recompiles_of_rlgauges_making(
     assert not any("harness" in s["where"] for s in loop["graph_break_sites"])
     assert d["phases"]["update"] > 0 and d["forwards_per_env_step"] == pytest.approx(0.5)
     assert not any(r["rule"] == "forloop_optimizer" for r in d["recommendations"])
+
+
+NOISY = """\
+import logging, sys
+import torch
+_log = logging.getLogger("noisy_lib")
+_log.addHandler(logging.StreamHandler(sys.__stdout__))  # a library's handler bound to the process's stdout
+_log.setLevel(logging.INFO)
+def make_trainer(config, *, device, seed):
+    net = torch.nn.Linear(2, 2)
+    while True:
+        _log.info("a library's log line")
+        print("the trainer's own print")
+        print("a warning of its own", file=sys.stderr)
+        with torch.no_grad():
+            net(torch.ones(1, 2))
+        yield 4
+"""
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_diagnose_json_stdout_is_json_alone_and_quiet_names_the_trainers_files(
+        quiet: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "noisy.py").write_text(NOISY)
+    code = main(["diagnose", "--trainer", "noisy:make_trainer", "--steps", "32", "--set", "run.warmup_steps=8",
+                 "--json", "--device", "cpu", *(["--quiet"] if quiet else [])])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert out.startswith("{"), (out[:200], err[-500:])
+    json.loads(out)  # nothing but the JSON object
+    stdout_file, stderr_file = tmp_path / "rlgauge-diagnose.stdout.txt", tmp_path / "rlgauge-diagnose.stderr.txt"
+    if quiet:
+        assert "a library's log line" in stdout_file.read_text() and "the trainer's own print" in stdout_file.read_text()
+        assert "a warning of its own" in stderr_file.read_text() and "a warning of its own" not in err
+        assert err.strip().splitlines()[-1] == (f"rlgauge: the trainer's output: rlgauge-diagnose.stdout.txt "
+                                                 f"({len(stdout_file.read_text().splitlines())} lines), "
+                                                 f"rlgauge-diagnose.stderr.txt "
+                                                 f"({len(stderr_file.read_text().splitlines())} lines)")
+    else:
+        assert not stdout_file.exists() and "a library's log line" in err and "the trainer's own print" in err
+
+
+def test_a_float64_finding_names_the_call_on_a_line_of_several(tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    from harness.diagnosis.float64_sites import float64_finder, float64_sites
+
+    sentinel = float64_finder(own_code_is_rlgauge=False)
+    obs, reward = np.zeros(2, np.float32), np.zeros(2)
+    with sentinel:
+        pair = torch.as_tensor(obs), torch.as_tensor(reward), torch.as_tensor(obs)  # only the second is float64
+    (row,) = float64_sites(sentinel)
+    assert row["call"] == "torch.as_tensor(reward)" and len(pair) == 3

@@ -36,7 +36,7 @@ from harness.diagnosis.flag_advice import (  # noqa: F401 - the preset flag advi
     DIAGNOSE_DEFAULT_STEPS, Facts, advise, diagnosis, diagnosis_lines, env_ceiling, facts_from, machine_load,
     phase_shares)
 from harness.diagnosis.float64_sites import float64_finder, float64_sites
-from harness.diagnosis.frames import SiteFinder
+from harness.diagnosis.frames import SiteFinder, raise_site, short
 from harness.diagnosis.host_syncs import HostSyncFinder, cuda_sync_warnings, per_env_step
 from harness.diagnosis.loop_shape import KernelCounter, compile_counters, optimizers
 from harness.diagnosis.compiled import CompileLog
@@ -105,6 +105,8 @@ class _State:
     """Frames were compiled by the end of the warm-up: the torch-side hooks stay installed throughout."""
     recompiles_before: int = 0
     recompile_reasons: list[str] = field(default_factory=list)
+    compiled_calls: Any = None
+    """The hooks' ``CompiledCalls``: which source lines are compiled functions'."""
 
 
 def _iterate(trainer: Any, into: _Pass, clock: PhaseClock | None = None, counters: LoopCounters | None = None) -> bool:
@@ -171,6 +173,7 @@ def _passes(trainer: Any, spec: VariantSpec, resolution: Any, state: _State, hoo
     state.block = calls_per_update(_warm_up(trainer, warm, run.warmup_steps, state))
     if state.ran_out:
         return
+    state.compiled_calls = hook_set.view.compiled
     state.compiled = compile_counters()["frames_compiled"] > state.compile_start.get("frames_compiled", 0) or \
         bool(hook_set.view.compiled.roles)
     hook_set.keep = state.compiled
@@ -269,6 +272,9 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
                      "hooks_pct": 100.0 * (plain_rate / hooked_rate - 1.0) if plain_rate and hooked_rate else None},
         "ran_out": state.ran_out,
     }
+    if state.compiled:  # the audit replays compiled functions eagerly: what it saw inside them is marked
+        for row in (*d["host_syncs"], *d["float64"]):
+            row["eager_replay_only"] = state.compiled_calls.replayed(row["where"])
     d["warnings"] = _warnings(d)
     d["recommendations"] = recommend(d, target)
     if not own:
@@ -360,7 +366,8 @@ def diagnose(spec: VariantSpec, resolution: Any, target: str) -> dict[str, Any]:
         whose = f"your trainer {spec.config.trainer}" if isinstance(spec.config, OwnConfig) else \
             f"{spec.preset} {spec.variant}"
         partial = _result(spec, resolution, target, state) if state.hooked.calls else {}
-        raise DiagnosisFailed(f"{whose} raised during the diagnosis: {type(exc).__name__}: "
+        site = raise_site(exc, SiteFinder(not isinstance(spec.config, OwnConfig)))
+        raise DiagnosisFailed(f"{whose} raised during the diagnosis at {short(site or '?')}: {type(exc).__name__}: "
                               f"{' '.join(str(exc).split())}", partial) from exc
     finally:
         hook_set.close()

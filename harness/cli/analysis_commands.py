@@ -15,7 +15,8 @@ from pathlib import Path
 
 from harness.campaigns.executors import parse_executor
 from harness.campaigns.outcome import run_arms, save_runs, status_code
-from harness.cli.options import DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options, user_overrides
+from harness.cli.options import (DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, quiet_option, run_options,
+                                 trainer_output, user_overrides)
 from harness.errors import UserError
 from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
 from harness.analyses.learn_verdicts import DEFAULT_MARGIN_PCT
@@ -76,7 +77,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     diagnose.add_argument("--variant", default=None,
                           help="the variant diagnosed (default: baseline, or a file's only variant)")
     run_options(diagnose, steps_default="4096 for diagnose", repeats_default="not used by diagnose")
-    diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    diagnose.add_argument("--json", action="store_true", help="print one JSON object instead of text (stdout holds "
+                          "it alone: the trainer's own stdout goes to stderr, or to a file under --quiet)")
+    quiet_option(diagnose, "rlgauge-diagnose")
     diagnose.add_argument("--try", dest="try_changes", action="store_true",
                           help="your own trainer: then try each change the recommendations name (rlgauge try, with "
                                "its default rounds; docs/try.md)")
@@ -296,20 +299,31 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     env_report = environment_report(compile_device=resolution.device.type, check_compile=args.compile_check)
     if text:
         print("## Environment\n" + "\n".join(environment_lines(env_report)), flush=True)
+    output = None
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # the trainer's own prints stay out of the report (and --json)
+        with trainer_output(args.quiet, "rlgauge-diagnose") as output:  # the trainer's own output stays out
             result = diagnose.diagnose(spec, resolution, target)
     except diagnose.DiagnosisFailed as failed:
+        _note_output(output)
         if failed.partial:
             _print_diagnosis(args, env_report, failed.partial, report_lines)
         print(f"rlgauge: {failed}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     except KeyboardInterrupt:
+        _note_output(output)
         return EXIT_INTERRUPTED
+    _note_output(output)
     _print_diagnosis(args, env_report, result, report_lines)
     if getattr(args, "try_changes", False):
         return _try_after(args, spec, resolution, target, result)
     return EXIT_OK
+
+
+def _note_output(output: object) -> None:
+    """Under ``--quiet``: where the trainer's own output went (stderr, one line)."""
+    note = output.note() if output is not None else None  # type: ignore[attr-defined]
+    if note:
+        print(f"rlgauge: {note}", file=sys.stderr)
 
 
 def _check_try(spec: object, target: str) -> None:

@@ -4,9 +4,12 @@ options and their config overrides."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from importlib import metadata
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 from harness.errors import UserError
 
@@ -88,3 +91,68 @@ def user_overrides(args: argparse.Namespace) -> list[str]:
         if value is not None:
             extra.append(f"{key}={value}")
     return extra
+
+
+QUIET_HELP = ("the trainer's own stdout and stderr go to files (STEM.stdout.txt, STEM.stderr.txt in the current "
+              "folder, named on stderr at the end), so the console (and --json's stdout) holds rlgauge's lines alone")
+
+
+def quiet_option(parser: argparse.ArgumentParser, stem: str) -> None:
+    """``--quiet`` for a command that runs a user's trainer in this process (``diagnose``, ``try``)."""
+    parser.add_argument("--quiet", action="store_true", help=QUIET_HELP.replace("STEM", stem))
+
+
+class TrainerOutput:
+    """Where a trainer's own output went (``trainer_output``): the files kept, with their line counts."""
+
+    def __init__(self, stem: str) -> None:
+        self.paths = {"stdout": Path(f"{stem}.stdout.txt"), "stderr": Path(f"{stem}.stderr.txt")}
+        self.kept: dict[str, int] = {}
+
+    def note(self) -> str | None:
+        """``the trainer's output: X (N lines), Y (M lines)``, or None when it printed nothing."""
+        if not self.kept:
+            return None
+        return "the trainer's output: " + ", ".join(f"{self.paths[name]} ({lines} lines)"
+                                                    for name, lines in self.kept.items())
+
+
+@contextlib.contextmanager
+def trainer_output(quiet: bool, stem: str) -> Iterator[TrainerOutput]:
+    """While a user's trainer runs in this process: under ``quiet`` its stdout and stderr (file descriptors 1
+    and 2, so a library's log handler and C code are caught too) go to ``STEM.stdout.txt``/``STEM.stderr.txt``,
+    each kept only when something was written; otherwise its stdout goes to stderr, so rlgauge's stdout
+    (``--json``) is rlgauge's alone. Only one thread should print meanwhile."""
+    captured = TrainerOutput(stem)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    files: dict[str, Any] = {}
+    try:
+        if quiet:
+            files = {name: open(path, "w", encoding="utf-8") for name, path in captured.paths.items()}
+            os.dup2(files["stdout"].fileno(), 1)
+            os.dup2(files["stderr"].fileno(), 2)
+        else:
+            os.dup2(2, 1)
+        if quiet:
+            with contextlib.redirect_stdout(files["stdout"]), contextlib.redirect_stderr(files["stderr"]):
+                yield captured
+        else:
+            with contextlib.redirect_stdout(sys.stderr):
+                yield captured
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        for name, handle in files.items():
+            handle.close()
+            path = captured.paths[name]
+            with open(path, encoding="utf-8", errors="replace") as written:
+                lines = sum(1 for _ in written)
+            if lines or path.stat().st_size:
+                captured.kept[name] = max(1, lines)
+            else:
+                path.unlink(missing_ok=True)

@@ -88,7 +88,32 @@ class CompiledCalls:
         self.roles: dict[Any, str] = {}
         """``update`` or ``forward`` per compiled callable."""
         self.names: dict[Any, str] = {}
+        self.sources: dict[str, list[tuple[int, int]]] = {}
+        """Line ranges of the compiled functions' source by file: a finding there, seen in an eager replay
+        (the audit), is not what the compiled code runs (``replayed``)."""
         self._stack: list[_Call] = []
+
+    def note_source(self, fn: Any) -> None:
+        """The source lines of a compiled callable (a function, bound method, or a compiled module's forward
+        and the function a wrapper module holds, as TensorDict's ``TensorDictModule(update)`` does)."""
+        candidates = [fn]
+        if is_compiled_module(fn):
+            inner = fn._orig_mod
+            candidates = [getattr(inner, "forward", None), *(v for v in vars(inner).values() if callable(v))]
+        for candidate in candidates:
+            code = getattr(getattr(candidate, "__func__", candidate), "__code__", None)
+            if code is None:
+                continue
+            lines = [line for _, _, line in code.co_lines() if line]
+            if lines:
+                span = (min(lines), max(lines))
+                if span not in self.sources.setdefault(code.co_filename, []):
+                    self.sources[code.co_filename].append(span)
+
+    def replayed(self, where: str) -> bool:
+        """``where`` (``file:line``) lies inside a compiled function: the audit saw it in an eager replay."""
+        path, _, line = where.rpartition(":")
+        return line.isdigit() and any(a <= int(line) <= b for a, b in self.sources.get(path, []))
 
     def wrap(self, view: Any, compiled: Callable[..., Any], original: Any) -> Callable[..., Any]:
         """A compiled function whose calls go through ``enter``/``leave`` (skipped by dynamo itself)."""
@@ -112,11 +137,14 @@ class CompiledCalls:
         skip_code(compiled_call.__code__)
         compiled_call.__wrapped__ = compiled  # type: ignore[attr-defined]
         self.names[compiled_call] = getattr(original, "__qualname__", None) or type(original).__name__
+        self.note_source(original)
         return compiled_call
 
     def enter(self, view: Any, key: Any, inputs: tuple) -> None:
         clock, counters = view.clock, view.counters
         role = self.roles.get(key)
+        if role is None and is_compiled_module(key):
+            self.note_source(key)
         counted = clock.enabled and clock.current is None
         self._stack.append(_Call(key, self.stepping.versions(), counters.eager_steps, role, counted))
         if role == "update":

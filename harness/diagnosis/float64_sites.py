@@ -17,6 +17,14 @@ def float64_finder(own_code_is_rlgauge: bool) -> Float64Sentinel:
 
 
 def float64_sites(sentinel: Float64Sentinel) -> list[dict[str, Any]]:
-    """``[{where, op, count}]`` in the order first seen (the first is where float64 entered)."""
-    return [{"where": where, "op": op.removeprefix("aten.").removesuffix(".default"), "count": count}
-            for (op, where), count in sentinel.sites.items()]
+    """``[{where, op, count, call}]`` in the order first seen (the first is where float64 entered); ``call`` names
+    the call on the line that made them (``torch.as_tensor(reward)``), or None where the call is the line."""
+    calls = getattr(getattr(sentinel, "_finder", None), "calls", {})
+    return [{"where": where, "op": op.removeprefix("aten.").removesuffix(".default"), "count": count,
+             "call": _one_call(calls.get(where))} for (op, where), count in sentinel.sites.items()]
+
+
+def _one_call(calls: Any) -> str | None:
+    """The call that made the float64 ops at a site, where the line has another call besides (the most
+    frequent one where several did)."""
+    return calls.most_common(1)[0][0] if calls else None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import sysconfig
+from collections import Counter
+from types import FrameType
 
 import numpy
 import torch
@@ -37,6 +40,8 @@ class SiteFinder:
         skipped = LIBRARY_DIRS + ((_HARNESS,) if own_code_is_rlgauge else RLGAUGE_DIRS)
         self._skipped = tuple(d + os.sep for d in skipped)
         self._cache: dict[str, bool] = {}
+        self.calls: dict[str, Counter[str]] = {}
+        """The call expression running at each site ``where`` returned (``torch.as_tensor(reward)``), by site."""
 
     def _skip(self, filename: str) -> bool:
         hit = self._cache.get(filename)
@@ -62,9 +67,40 @@ class SiteFinder:
         frame = sys._getframe(depth)
         while frame is not None:
             if not self._skip(frame.f_code.co_filename):
-                return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+                site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+                call = call_text(frame)
+                if call:
+                    self.calls.setdefault(site, Counter())[call] += 1
+                return site
             frame = frame.f_back
         return "?"
+
+
+def raise_site(exc: BaseException, finder: "SiteFinder | None" = None) -> str | None:
+    """``file:line`` of the innermost frame in user code of ``exc``'s traceback (where the trainer raised), or
+    of the innermost frame where none is the user's (a library's)."""
+    finder = finder or SiteFinder()
+    tb, last, user = exc.__traceback__, None, None
+    while tb is not None:
+        last = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        if not finder._skip(tb.tb_frame.f_code.co_filename):
+            user = last
+        tb = tb.tb_next
+    return user or last
+
+
+def call_text(frame: FrameType) -> str | None:
+    """The source of the call a frame is making (``torch.as_tensor(reward)``) where it fits on its line and is
+    not the whole line; None otherwise."""
+    try:
+        line, end, col, end_col = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+    except (IndexError, ValueError):
+        return None
+    if line is None or line != end or col is None or end_col is None:
+        return None
+    source = linecache.getline(frame.f_code.co_filename, line)
+    text = source[col:end_col] if source else ""
+    return text if text and text.strip() != source.strip() else None
 
 
 def short(site: str) -> str:

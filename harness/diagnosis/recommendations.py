@@ -35,7 +35,8 @@ class Rule:
 
 
 def _syncs(d: dict[str, Any], kinds: tuple[str, ...], causes: tuple[str, ...]) -> tuple[float, str]:
-    rows = [s for s in d["host_syncs"] if s["kind"] in kinds and s.get("cause", LOGGING) in causes]
+    rows = [s for s in d["host_syncs"] if s["kind"] in kinds and s.get("cause", LOGGING) in causes
+            and not s.get("eager_replay_only")]  # compiled code does not run the line as the replay did
     return sum(s["per_env_step"] for s in rows), ", ".join(short(s["where"]) for s in rows[:3])
 
 
@@ -96,8 +97,16 @@ def _float64(d: dict[str, Any]) -> str | None:
     if not rows:
         return None
     first = rows[0]
+    replay = " (seen in an eager replay of compiled code: the only way to see that line)" if first.get(
+        "eager_replay_only") else ""
     return (f"{sum(r['count'] for r in rows)} float64 ops at {len(rows)} sites; float64 enters at "
-            f"{short(first['where'])} ({first['op']}, {first['count']}x)")
+            f"{short(first['where'])} ({first['op']}{_call_named(first)}, {first['count']}x){replay}")
+
+
+def _call_named(row: dict[str, Any]) -> str:
+    """`` in `torch.as_tensor(reward)```: the call on the line that made the op, where the line has several."""
+    call = row.get("call")
+    return f" in `{call}`" if call else ""
 
 
 def _env_bound(d: dict[str, Any]) -> str | None:

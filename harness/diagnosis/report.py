@@ -7,6 +7,7 @@ from typing import Any
 from harness.diagnosis.frames import short
 from harness.diagnosis.phases import SHOWN_PHASES
 
+_REPLAY = "  (eager replay only: inside a compiled function, whose compiled code does not run it as written)"
 _PROBE_ORDER = ("env", "inference", "update", "transfer", "logging", "other")
 
 
@@ -42,11 +43,12 @@ def report_lines(d: dict[str, Any]) -> list[str]:
         f" ({per_step * envs:.2f} per vector step of {envs:g} envs: run's host_syncs_per_step)" if d["host_syncs"]
         else " (none)"))
     lines += [f"  {s['per_env_step']:8.3f}  {s['kind']:<28} {short(s['where']):<24} {s.get('cause', '')}"
-              for s in d["host_syncs"][:10]]
+              + (_REPLAY if s.get("eager_replay_only") else "") for s in d["host_syncs"][:10]]
     if len(d["host_syncs"]) > 10:
         lines.append(f"  ... {len(d['host_syncs']) - 10} more sites (--json lists them all)")
     lines.append(f"float64 ops: {sum(f['count'] for f in d['float64'])}" + ("" if d["float64"] else " (none)"))
-    lines += [f"  {f['count']:8d}  {f['op']:<28} {short(f['where'])}" for f in d["float64"][:10]]
+    lines += [f"  {f['count']:8d}  {f['op']:<28} {short(f['where'])}" + (f"  `{f['call']}`" if f.get("call") else "")
+              + (_REPLAY if f.get("eager_replay_only") else "") for f in d["float64"][:10]]
     opts = ", ".join(f"{o['class']} ({o['impl']})" for o in loop["optimizers"]) or "none stepped"
     lines += [
         f"loop shape: {d['forwards_per_env_step']:.3f} acting forwards and "
