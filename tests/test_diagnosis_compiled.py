@@ -109,3 +109,58 @@ def test_a_float64_finding_names_the_call_on_a_line_of_several(tmp_path: Path) -
         pair = torch.as_tensor(obs), torch.as_tensor(reward), torch.as_tensor(obs)  # only the second is float64
     (row,) = float64_sites(sentinel)
     assert row["call"] == "torch.as_tensor(reward)" and len(pair) == 3
+
+
+class RolloutBuffer:
+    """SB3's shape: a NumPy buffer filled a step at a time."""
+
+    def __init__(self) -> None:
+        self.values = [None] * 8
+        self.pos = 0
+
+    def add(self, value: "torch.Tensor") -> None:
+        self.values[self.pos % 8] = value.clone().cpu().numpy().flatten()  # the per-step copy
+        self.pos += 1
+
+
+def test_library_control_flow_buffer_copies_and_the_distribution_built_get_their_own_causes(tmp_path: Path) -> None:
+    import importlib.util
+
+    import torch
+
+    from harness.diagnosis.frames import SiteFinder
+    from harness.diagnosis.host_syncs import (DISTRIBUTION_CHECKS, LIBRARY_CONTROL, STORAGE, HostSyncFinder,
+                                              per_env_step)
+    from harness.diagnosis.recommendations import recommend
+
+    library = tmp_path / "site" / "torchrl" / "envs"
+    library.mkdir(parents=True)
+    (library / "common.py").write_text("def any_done(done):\n    if done.any():\n        return True\n    return False\n")
+    spec = importlib.util.spec_from_file_location("fake_torchrl_common", library / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    finder = HostSyncFinder(torch.device("cpu"), SiteFinder(False))
+    buffer = RolloutBuffer()
+    with finder:
+        for _ in range(4):
+            module.any_done(torch.zeros(2, dtype=torch.bool))
+            buffer.add(torch.ones(2))
+            torch.distributions.Normal(torch.zeros(2), torch.ones(2))
+    rows = per_env_step(finder.sites, 4, contexts=finder.contexts)
+    causes = {row["cause"]: row for row in rows}
+    assert causes[LIBRARY_CONTROL]["where"] == f"{library / 'common.py'}:2"
+    assert causes[STORAGE]["context"] == "storage:RolloutBuffer.add"
+    assert causes[DISTRIBUTION_CHECKS]["context"] == "distribution:Normal"
+    assert "logging/statistics" not in causes
+    d = {"host_syncs": rows, "kind": "trainer", "variant": "baseline", "device": "cpu", "float64": [],
+         "phases": {"env": 10, "inference": 10, "update": 10, "transfer": 0, "other": 70},
+         "loop": {"envs_per_step": 1.0, "optimizers": [], "frames_compiled": 0, "kernels_per_env_step": 1,
+                  "graph_breaks": 0, "recompiles": 0, "torch_threads": 1, "host_tensors_per_update": 0,
+                  "env_classes": []},
+         "forwards_per_env_step": 0.0, "rows_per_inference_forward": 1.0}
+    found = {r["rule"]: r for r in recommend(d, "t.yaml")}
+    assert found["distribution_checks"]["change"].startswith("distribution argument checks off: Normal(..., "
+                                                             "validate_args=False)")
+    assert "Categorical" not in found["distribution_checks"]["change"]
+    assert "RolloutBuffer.add" in found["storage_copies"]["evidence"] and "library_control" in found
+    assert "item_per_step" not in found

@@ -247,7 +247,7 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
         "env_steps": {"plain": state.plain.env_steps, "hooked": hooked.env_steps, "audit": audit.env_steps},
         "phases": phases, "probe_phases": probe,
         "host_syncs": per_env_step(state.syncs.sites, audit.env_steps, state.audit_counters.acting_syncs,
-                                   envs_per_step) if state.syncs else [],
+                                   envs_per_step, state.syncs.contexts) if state.syncs else [],
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
         "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import sysconfig
 from collections import Counter
@@ -74,6 +75,35 @@ class SiteFinder:
                 return site
             frame = frame.f_back
         return "?"
+
+
+_STORE_VERBS = frozenset(("add", "extend", "insert", "push", "store", "append", "__setitem__", "set", "write"))
+_STORAGE = re.compile(r"Buffer|Replay|Storage|Memory")
+RL_LIBRARIES = ("torchrl", "tensordict", "stable_baselines3", "envpool", "gym", "sbx", "rl_games", "tianshou")
+"""RL libraries whose own code can be where a sync is made (``library_of``)."""
+
+
+def context_of(frame: FrameType | None, limit: int = 40) -> str | None:
+    """What a call runs inside, from the frames above it: ``distribution:Normal`` (a distribution's own method),
+    ``storage:RolloutBuffer.add`` (a buffer's store method: a copy into rollout/replay storage), or None."""
+    from torch.distributions import Distribution
+
+    while frame is not None and limit:
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if owner is not None:
+            if isinstance(owner, Distribution):
+                return f"distribution:{type(owner).__name__}"
+            name = type(owner).__name__
+            if frame.f_code.co_name in _STORE_VERBS and _STORAGE.search(name):
+                return f"storage:{name}.{frame.f_code.co_name}"
+        frame, limit = frame.f_back, limit - 1
+    return None
+
+
+def library_of(where: str) -> str | None:
+    """The RL library a site lies in (``torchrl``, ``stable_baselines3``...), or None."""
+    parts = where.rpartition(":")[0].split(os.sep)
+    return next((name for name in RL_LIBRARIES if name in parts[:-1]), None)
 
 
 def raise_site(exc: BaseException, finder: "SiteFinder | None" = None) -> str | None:

@@ -19,7 +19,9 @@ from typing import Any, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-from harness.diagnosis.frames import SiteFinder
+import sys
+
+from harness.diagnosis.frames import SiteFinder, context_of, library_of
 
 ITEM, HOST_COPY, BRANCH, DATA_SHAPE, TO_CPU, CUDA_SYNC = (
     ".item()", ".cpu()/.numpy()/.tolist()", "bool(t)/if t", "nonzero/boolean mask", '.to("cpu")',
@@ -65,6 +67,8 @@ class HostSyncFinder(TorchFunctionMode):
         """The phase hooks' ``LoopCounters`` where they run beside: each sync's key goes to ``sync_seen`` (acting or not)."""
         self.sites: Counter[tuple[str, str, str | None]] = Counter()
         """Syncs by ``(kind, where, via)``: ``via`` the library the call came through (``frames.where_via``)."""
+        self.contexts: dict[tuple[str, str, str | None], str | None] = {}
+        """What each site's first sync ran inside (``frames.context_of``): a distribution's class, a buffer's store."""
         self._inside = 0
 
     @property
@@ -97,6 +101,8 @@ class HostSyncFinder(TorchFunctionMode):
             if kind is not None:
                 key = (kind, *self.finder.where_via(2))
                 self.sites[key] += 1
+                if key not in self.contexts:
+                    self.contexts[key] = context_of(sys._getframe(1))
                 if self.counters is not None:
                     self.counters.sync_seen(key)
         self._inside += 1
@@ -132,33 +138,44 @@ def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter)
             warnings.showwarning = original_show
 
 
-OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOGGING = (
+OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOGGING, STORAGE, LIBRARY_CONTROL = (
     "optimizer step", "distribution argument checks", "per-env acting", "action copy", "data-dependent shape",
-    "logging/statistics")
+    "logging/statistics", "per-step copy into a buffer", "library done/reset handling")
 """What each sync is for (``causes``): each points to its own fix (``recommendations``)."""
 
 
 def per_env_step(sites: Counter, env_steps: int, acting: Counter | None = None,
-                 envs_per_step: float = 1.0) -> list[dict[str, Any]]:
-    """``[{where, kind, count, per_env_step, via, cause}]``, most frequent first (``cause``: see ``cause_of``)."""
+                 envs_per_step: float = 1.0, contexts: dict | None = None) -> list[dict[str, Any]]:
+    """``[{where, kind, count, per_env_step, via, context, cause}]``, most frequent first (``cause``: ``cause_of``;
+    ``context``: ``frames.context_of``)."""
     steps = max(1, env_steps)
     rows = []
-    for (kind, where, via), count in sorted(sites.items(), key=lambda item: -item[1]):
-        acting_share = (acting or Counter())[(kind, where, via)] / count
+    for key, count in sorted(sites.items(), key=lambda item: -item[1]):
+        kind, where, via = key
+        acting_share = (acting or Counter())[key] / count
+        context = (contexts or {}).get(key)
         rows.append({"where": where, "kind": kind, "count": count, "per_env_step": count / steps, "via": via,
-                     "cause": cause_of(kind, via, acting_share, count / steps * envs_per_step)})
+                     "context": context,
+                     "cause": cause_of(kind, via, acting_share, count / steps * envs_per_step, context, where)})
     return rows
 
 
-def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: float) -> str:
+def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: float, context: str | None = None,
+             where: str = "") -> str:
     """A sync's cause: made inside an optimizer's step (its own per-parameter step counters: the for-loop
-    implementation), inside ``torch.distributions`` (argument validation), while acting (more than one per
+    implementation), inside ``torch.distributions`` (argument validation), a host copy inside a buffer's store
+    method (rollout/replay storage filled a step at a time), control flow (``bool(t)``, a data-dependent shape)
+    inside an RL library's own code (its done/reset handling and bookkeeping), while acting (more than one per
     vector step: actions taken env by env; one: the action copy an env step needs), a data-dependent shape,
     or else statistics and logging."""
     if via == "torch.optim":
         return OPTIMIZER
     if via == "torch.distributions":
         return DISTRIBUTION_CHECKS
+    if context and context.startswith("storage:") and kind in (HOST_COPY, TO_CPU, ITEM):
+        return STORAGE
+    if kind in (BRANCH, DATA_SHAPE) and library_of(where):
+        return LIBRARY_CONTROL
     if acting_share > 0.5:
         return PER_ENV_ACTING if per_vector_step > 1.5 else ACTION_COPY
     return DATA_DEPENDENT if kind == DATA_SHAPE else LOGGING

@@ -16,8 +16,8 @@ from typing import Any, Callable
 from harness.diagnosis.frames import short
 from harness.diagnosis.reference_effects import effect_of
 from harness.diagnosis.host_syncs import (
-    BRANCH, CUDA_SYNC, DATA_DEPENDENT, DATA_SHAPE, DISTRIBUTION_CHECKS, HOST_COPY, ITEM, LOGGING, OPTIMIZER,
-    PER_ENV_ACTING, TO_CPU)
+    BRANCH, CUDA_SYNC, DATA_DEPENDENT, DATA_SHAPE, DISTRIBUTION_CHECKS, HOST_COPY, ITEM, LIBRARY_CONTROL, LOGGING,
+    OPTIMIZER, PER_ENV_ACTING, STORAGE, TO_CPU)
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class Rule:
     """What to add under ``variants:`` of the user's YAML to measure the change (a key of their own)."""
     why: str
     """How the change removes the cost the finding shows."""
+    change_for: Callable[[dict[str, Any]], str | None] | None = None
+    """The change as this diagnosis needs it (naming what was built), where it differs from ``change``."""
 
 
 def _syncs(d: dict[str, Any], kinds: tuple[str, ...], causes: tuple[str, ...]) -> tuple[float, str]:
@@ -79,7 +81,42 @@ def _distribution_checks(d: dict[str, Any]) -> str | None:
     per, where = _syncs(d, _ANY_SYNC, (DISTRIBUTION_CHECKS,))
     if per < 0.05:
         return None
-    return f"{per:.2f} host syncs per env step at {where} are torch.distributions validating their arguments"
+    classes = _distribution_classes(d)
+    return (f"{per:.2f} host syncs per env step at {where} are torch.distributions"
+            + (f" ({', '.join(classes)})" if classes else "") + " validating their arguments")
+
+
+def _distribution_classes(d: dict[str, Any]) -> list[str]:
+    found = [s.get("context") or "" for s in d["host_syncs"] if s.get("cause") == DISTRIBUTION_CHECKS]
+    return sorted({c.partition(":")[2] for c in found if c.startswith("distribution:")})
+
+
+def _distribution_change(d: dict[str, Any]) -> str | None:
+    classes = _distribution_classes(d)
+    if not classes:
+        return None
+    built = ", ".join(f"{name}(..., validate_args=False)" for name in classes)
+    return (f"distribution argument checks off: {built} where it is built, or "
+            "torch.distributions.Distribution.set_default_validate_args(False) once at start-up")
+
+
+def _storage_copies(d: dict[str, Any]) -> str | None:
+    rows = [s for s in d["host_syncs"] if s.get("cause") == STORAGE and not s.get("eager_replay_only")]
+    per = sum(s["per_env_step"] for s in rows)
+    if per < 0.05:
+        return None
+    into = sorted({s["context"].partition(":")[2] for s in rows if s.get("context")})
+    return (f"{per:.2f} host copies per env step into {', '.join(into)} at "
+            f"{', '.join(short(s['where']) for s in rows[:3])} (a step at a time)")
+
+
+def _library_control(d: dict[str, Any]) -> str | None:
+    rows = [s for s in d["host_syncs"] if s.get("cause") == LIBRARY_CONTROL]
+    per = sum(s["per_env_step"] for s in rows)
+    if per < 0.25:
+        return None
+    return (f"{per:.2f} control-flow syncs per env step inside the library's done/reset handling and bookkeeping "
+            f"at {', '.join(short(s['where']) for s in rows[:3])}")
 
 
 def _graph_acting(d: dict[str, Any]) -> str | None:
@@ -190,11 +227,21 @@ RULES: list[Rule] = [
     Rule("host_copies", "keep statistics on the device until one batched host copy per step",
          None, _host_copies, "one_copy: {one_host_copy: true}",
          "every host copy synchronises with the device; one copy per step is the minimum an env step needs"),
-    Rule("distribution_checks", "distribution argument checks off: Categorical(logits=..., validate_args=False), or "
-         "torch.distributions.Distribution.set_default_validate_args(False) once at start-up", None,
+    Rule("distribution_checks", "distribution argument checks off: validate_args=False where the distribution is "
+         "built, or torch.distributions.Distribution.set_default_validate_args(False) once at start-up", None,
          _distribution_checks, "no_checks: {validate_args: false}",
          "each distribution built checks its arguments on the host (a bool(tensor) per check): a sync and Python work per "
-         "step; the checks find bugs, not speed, once a trainer works"),
+         "step; the checks find bugs, not speed, once a trainer works", _distribution_change),
+    Rule("storage_copies", "keep rollout/replay storage as tensors on the training device and copy to the host once "
+         "per rollout (or sample on the device), not one .cpu().numpy() per step and field", None, _storage_copies,
+         "tensor_storage: {tensor_storage: true}",
+         "each per-step copy into a NumPy buffer synchronises with the device and pays a Python round-trip per field; "
+         "device tensors filled in place need none, and one copy per rollout pays it once"),
+    Rule("library_control", "fewer, larger library calls: more envs per vector step (the library's done/reset checks "
+         "run once per call, not per env), or the library's own batched/compiled collector", None,
+         _library_control, "more_envs: {num_envs: 2x}",
+         "the library tests done/reset flags with bool(tensor) on every call: a sync per check that does not grow with "
+         "the number of envs stepped together"),
     Rule("acting_builds_graph", "act under torch.no_grad() (or torch.inference_mode()): the acting forward builds an "
          "autograd graph that no backward uses", None, _graph_acting, "no_grad_acting: {no_grad_acting: true}",
          "recording the graph costs time and memory on every acting forward; without it the forward runs plain kernels"),
@@ -242,7 +289,8 @@ def recommend(d: dict[str, Any], target: str, effects: Path | None = None) -> li
         flag = rule.flag
         check = (f"rlgauge run {target} --variant {_flag_variant(flag)}" if d["kind"] == "preset" else
                  own_check(rule.variant, target, d["variant"], rule.name))
-        found.append({"rule": rule.name, "change": rule.change, "why": rule.why, "evidence": evidence,
+        change = (rule.change_for(d) if rule.change_for else None) or rule.change
+        found.append({"rule": rule.name, "change": change, "why": rule.why, "evidence": evidence,
                       "effect": effect_of(flag, d["device"], effects), "check": check})
     return found
 
