@@ -82,7 +82,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+def tiny(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a fixture
     """One try on the tiny trainer (a copy named try_tiny) that raises when distribution checks are off: the A/A
     change, the runtime change that makes it raise, and the source change that does not."""
     folder = tmp_path_factory.mktemp("try-tiny")
@@ -90,7 +90,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     (folder / "tiny.yaml").write_text(TINY_YAML)
     code, data = _try(str(folder / "tiny.yaml"), *FAST, "--rounds", "2", "--repeats", "3",
                       "--only", "no_change,no_validate_args,validate_args_off")
-    return SimpleNamespace(code=code, data=data, folder=folder)
+    yield SimpleNamespace(code=code, data=data, folder=folder)
+    if data.get("workdir"):
+        shutil.rmtree(data["workdir"], ignore_errors=True)
 
 
 def test_a_change_equal_to_the_unchanged_trainer_reports_no_effect_and_identical_maths(tiny: SimpleNamespace) -> None:
@@ -110,6 +112,8 @@ def test_a_trial_whose_trainer_raises_fails_alone(tiny: SimpleNamespace) -> None
     failed = _trial(tiny.data, "no_validate_args")
     assert failed["verdict"] == "failed: RuntimeError: planted failure: distribution checks are off"
     assert failed["ratio"] is None
+    workdir = Path(tiny.data["workdir"])  # kept, so that the log the failure names is there to read
+    assert Path(failed["log"]).parent == workdir and "planted failure" in Path(failed["log"]).read_text()
     kept = _trial(tiny.data, "validate_args_off")
     assert kept["error"] is None and kept["ratio"]["pairs"] == 6 and kept["parity"]["class"] == "identical"
     assert "validate_args=False" in kept["diff"]

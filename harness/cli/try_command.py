@@ -22,6 +22,7 @@ EXIT_NO_PATCH = 3
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from harness.trials.arms import DEFAULT_TIMEOUT_S
     from harness.trials.catalogue import accepted
     from harness.trials.parity import DEFAULT_ITERATIONS
     from harness.trials.rounds import DEFAULT_ROUNDS
@@ -49,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help="rounds of fresh processes, one per arm kept alive while the arms take turns in short "
                              f"slices (default: {DEFAULT_ROUNDS})")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="the longest an arm's process may take to answer (its start: build, warm-up and checks; "
+                             "a parity run; one slice); past it the process is stopped and that arm fails with one "
+                             f"line, the others go on (default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--parity-iterations", type=int, default=DEFAULT_ITERATIONS,
                         help="iterate() calls, and at least as many optimizer steps, before the parameters are "
                              f"compared (default: {DEFAULT_ITERATIONS})")
@@ -82,6 +87,8 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
                         "a change's effect)")
     if args.parity_iterations < 1:
         raise UserError(f"--parity-iterations {args.parity_iterations}: accepted: 1 or more")
+    if not args.timeout > 0 or args.timeout == float("inf"):
+        raise UserError(f"--timeout {args.timeout:g}: accepted: a number of seconds above 0")
     if args.patch is not None:
         if args.patch.exists() and not args.force:
             raise UserError(f"--patch {args.patch}: the file exists; accepted: another path, or --force to replace it")
@@ -91,14 +98,15 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
 
 def _target(args: argparse.Namespace, spec: object) -> tuple:
     """The arms' trainer (the file or --trainer, the diagnosed variant, the run options) and the factory's file."""
-    from harness.trials.arms import Target
+    from harness.trials.arms import DEFAULT_TIMEOUT_S, Target
 
     trainer_text = spec.config.trainer  # type: ignore[attr-defined]
     module = sys.modules.get(trainer_text.partition(":")[0])
     path = getattr(module, "__file__", None)
     target = Target(str(Path(args.target).resolve()) if args.target else None, args.trainer,
                     str(args.config.resolve()) if args.config else None, spec.variant,  # type: ignore[attr-defined]
-                    user_overrides(args), list(sys.path), spec.config.run.fair_threads)  # type: ignore[attr-defined]
+                    user_overrides(args), list(sys.path), spec.config.run.fair_threads,  # type: ignore[attr-defined]
+                    timeout_s=getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S)
     return target, (Path(path).resolve() if path else None, trainer_text.partition(":")[2])
 
 
@@ -162,6 +170,8 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
         print(json.dumps(report_module.as_json(result), indent=2))
     else:
         print(report_module.table(result))
+    if result.workdir:
+        print(f"rlgauge: work folder kept (requests and logs of what failed): {result.workdir}", file=sys.stderr)
     if result.failed:
         print(f"rlgauge: try stopped: {result.failed}", file=sys.stderr)
         return EXIT_CHECK_FAILED
@@ -170,7 +180,8 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
         return EXIT_INTERRUPTED
     failed = [t for t in result.trials if t.error is not None]
     for trial in failed:
-        print(f"rlgauge: {trial.name} failed: {trial.error}", file=sys.stderr)
+        print(f"rlgauge: {trial.name} failed: {trial.error}" + (f" (log: {trial.log})" if trial.log else ""),
+              file=sys.stderr)
     if getattr(args, "patch", None) is not None:
         if result.patch:
             write_text_atomically(args.patch, result.patch)

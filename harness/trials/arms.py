@@ -4,10 +4,13 @@ kept alive to train slice after slice on request (``ArmRunner.serve``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,9 @@ from typing import Any
 import harness
 
 HARNESS_ROOT = str(Path(harness.__file__).resolve().parents[1])
+DEFAULT_TIMEOUT_S = 600.0
+"""The longest an arm's process may take to answer (``--timeout``): its start (build, warm-up, checks), a parity
+run, or one slice."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class Target:
     threads_cap: int | None = None
     """That cap: the cores other processes left free when the try began on the machine it runs on (``session``
     decides it once, before any arm of its own runs); None: torch's default."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """The longest any answer of an arm's process may take; past it the process is stopped and the arm fails."""
 
 
 @dataclass
@@ -68,11 +76,18 @@ class ArmRunner:
         return path, out, log, request
 
     def run(self, arm: Arm, mode: str, iterations: int = 0) -> dict[str, Any]:
-        """The child's answer: ``{"result"}`` (measure), ``{"parity", "params"}``, or ``{"error"}`` (one line)."""
+        """The child's answer: ``{"parity", "params"}`` or ``{"error"}`` (one line), with its ``log``."""
         path, out, log, request = self._request(arm, mode, iterations)
         with open(log, "wb") as sink:
-            code = subprocess.run([sys.executable, "-m", "harness.trials.child", str(path)], stdout=sink,
-                                  stderr=subprocess.STDOUT, env=_child_env(), check=False).returncode
+            process = subprocess.Popen(child_command(path), stdout=sink, stderr=subprocess.STDOUT, env=_child_env())
+            try:
+                code = process.wait(timeout=self.target.timeout_s)
+            except subprocess.TimeoutExpired:
+                stop(process)
+                return {"error": timed_out(self.target.timeout_s), "params": request["params_out"], "log": str(log)}
+            except KeyboardInterrupt:  # the child got the same Ctrl-C: a moment to end, then stopped
+                stop(process, grace_s=0.25)
+                raise
         if code == 130 or code == -2:
             raise KeyboardInterrupt
         try:
@@ -86,26 +101,72 @@ class ArmRunner:
     def serve(self, arm: Arm) -> ServedArm:
         """The arm's process started: it builds the trainer and warms it up while the parent goes on."""
         path, _out, log, _request = self._request(arm, "serve")
-        return ServedArm(path, log)
+        return ServedArm(child_command(path), log, self.target.timeout_s)
+
+
+def child_command(request: Path) -> list[str]:
+    return [sys.executable, "-m", "harness.trials.child", str(request)]
+
+
+def timed_out(seconds: float) -> str:
+    return f"timed out: no answer within {seconds:g} s (--timeout); the arm's process was stopped"
+
+
+def stop(process: subprocess.Popen, grace_s: float = 0.0) -> None:
+    """``process`` and every process it started (an async vector env's workers) ended, after ``grace_s``."""
+    import psutil
+
+    if grace_s:
+        try:
+            process.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    with contextlib.suppress(OSError):
+        process.kill()
+    process.wait()
 
 
 class ServedArm:
     """One arm's live process: ``ready()`` once its warm-up and checks are done, then ``slice(env_steps)`` as often
     as asked (each answer ``{"env_steps", "wall", "cpu"}`` or ``{"error"}``); ``close()`` ends it. Requests and
-    answers are JSON lines on the process's stdin and stdout; whatever the trainer prints goes to the log."""
+    answers are JSON lines on the process's stdin and stdout; whatever the trainer prints goes to the log. An answer
+    that takes longer than ``timeout_s`` stops the process: the arm fails with one line."""
 
-    def __init__(self, request: Path, log: Path) -> None:
-        self.log = log
+    def __init__(self, command: list[str], log: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.log, self.timeout_s = log, timeout_s
         self._sink = open(log, "wb")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen([sys.executable, "-m", "harness.trials.child", str(request)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink,
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink,
                                         env=_child_env(), text=True, bufsize=1)
         self.failed: str | None = None
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        """The process's answers, line by line, into a queue (``""``: its stdout closed)."""
+        try:
+            for line in self.process.stdout:  # type: ignore[union-attr]
+                self._lines.put(line)
+        except (OSError, ValueError):
+            pass
+        self._lines.put("")
 
     def _answer(self) -> dict[str, Any]:
         if self.failed is not None:
             return {"error": self.failed}
-        line = self.process.stdout.readline() if self.process.stdout else ""
+        try:
+            line = self._lines.get(timeout=self.timeout_s)
+        except queue.Empty:
+            stop(self.process)
+            self.failed = timed_out(self.timeout_s)
+            return {"error": self.failed}
         if not line:
             code = self.process.wait()
             if code in (130, -2):
@@ -135,8 +196,7 @@ class ServedArm:
                 self.process.stdin.close()  # end of requests: the child closes its trainer and exits
             self.process.wait(timeout=30)
         except (subprocess.TimeoutExpired, OSError):
-            self.process.kill()
-            self.process.wait()
+            stop(self.process)
         finally:
             self._sink.close()
 

@@ -65,6 +65,8 @@ def table(report: TryReport) -> str:
     refused = [(t.name, r) for t in tried for r in t.refused]
     if refused:
         lines += ["", "Lines left unedited:"] + [f"- {name}: {why}" for name, why in refused]
+    if report.workdir:
+        lines += ["", f"Work folder kept (requests, logs, patched copies of the failed arms): {report.workdir}"]
     lines += ["", "What each change does:"] + [f"- {t.name}: {t.change.does}; maths: {t.change.maths}" for t in tried]
     return "\n".join(lines)
 
@@ -122,7 +124,8 @@ def _trial(trial: Trial) -> dict[str, Any]:
             "parity": trial.parity.to_dict() if trial.parity else None, "nonfinite_params": trial.nonfinite,
             "float64_ops": _pair(effect.float64_ops) if effect and effect.pairs else None,
             "host_syncs_per_step": _pair(effect.host_syncs_per_step) if effect and effect.pairs else None,
-            "optimizers": trial.optimizers, "error": trial.error, "refused": trial.refused, "diff": trial.diff}
+            "optimizers": trial.optimizers, "error": trial.error, "log": trial.log, "refused": trial.refused,
+            "diff": trial.diff}
 
 
 def _pair(pair: tuple[Any, Any]) -> dict[str, Any]:
@@ -143,5 +146,5 @@ def as_json(report: TryReport) -> dict[str, Any]:
                      "verdict": combined.verdict if combined else None,
                      "diff": combined.diff if combined else "",
                      "patch": report.patch, "no_patch": report.no_patch},
-        "interrupted": report.interrupted, "failed": report.failed,
+        "interrupted": report.interrupted, "failed": report.failed, "workdir": report.workdir,
         "accepted_changes": list(CHANGES)}}

@@ -37,6 +37,8 @@ class Effect:
     host_syncs_per_step: tuple[float | None, float | None] = (None, None)
     optimizers: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    log: str | None = None
+    """The log of the process whose failure is ``error``."""
 
     @property
     def pairs(self) -> int:

@@ -3,7 +3,7 @@ alternating slices of live processes (``slices``), then the combination of those
 maths.
 
 Every arm runs in processes of its own (``arms``); the patched copies, requests and logs live in a temporary
-folder removed at the end. A KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
+folder, removed at the end unless something failed (then kept, its path in ``TryReport.workdir``). A KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class Trial:
     nonfinite: int | None = None
     effect: rounds.Effect | None = None
     error: str | None = None
+    log: str | None = None
+    """The log of the arm's process that failed (kept in the work folder)."""
     optimizers: dict[str, str] = field(default_factory=dict)
     diff: str = ""
 
@@ -95,6 +97,15 @@ class TryReport:
     interrupted: bool = False
     failed: str | None = None
     """Why the try stopped (the unchanged trainer failed)."""
+    workdir: str | None = None
+    """The work folder (requests, logs, patched copies), kept when something failed; removed otherwise."""
+
+    @property
+    def failures(self) -> list[Trial]:
+        """The trials that failed, the combination's arm last."""
+        combined = [self.combined] if self.combined is not None and all(self.combined is not t for t in self.trials) \
+            else []
+        return [t for t in [*self.trials, *combined] if t.error is not None]
 
 
 def _prepare(trial: Trial, workdir: Path, factory: tuple[Path | None, str]) -> None:
@@ -145,7 +156,7 @@ def _check_maths(runner: ArmRunner, trial: Trial, reference: dict[str, Any], noi
     assert trial.arm is not None
     answer = runner.run(trial.arm, "parity", iterations)
     if "error" in answer:
-        trial.error = answer["error"]
+        trial.error, trial.log = answer["error"], answer.get("log")
         return
     trial.parity = parity.classify(parity.compare(parity.load(reference["params"]), parity.load(answer["params"])),
                                    noise)
@@ -207,7 +218,7 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
         effects: dict[str, rounds.Effect] = {}
         slices.measure(runner, [arm], report.rounds, effects, say, report.cycles, label="combined round")
         combined.effect = effects["combined"]
-        combined.error = combined.effect.error
+        combined.error, combined.log = combined.effect.error, combined.effect.log
     if combined.error is not None:
         report.no_patch = f"the combination failed: {combined.error}"
     elif combined.verdict == "slower":
@@ -282,7 +293,8 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
                 f"{slices.SLICE_SECONDS} s")
             slices.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count, effects, say, cycles)
             for trial in measured:
-                trial.error = trial.error or trial.effect.error  # type: ignore[union-attr]
+                if trial.error is None and trial.effect.error is not None:  # type: ignore[union-attr]
+                    trial.error, trial.log = trial.effect.error, trial.effect.log  # type: ignore[union-attr]
             chosen = members(report.trials)
             if chosen:
                 _combine(runner, chosen, reference, workdir, factory, report, say)
@@ -291,5 +303,8 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
         except rounds.UnchangedFailed as failed:
             report.failed = str(failed)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if report.failed or report.failures:
+            report.workdir = str(workdir)  # the logs the failures quote stay where they are named
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     return report

@@ -53,7 +53,7 @@ def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, 
             for arm in live:
                 answer = served[arm.name].ready()
                 if "error" in answer:
-                    effects[arm.name].error = answer["error"]
+                    _fail(effects[arm.name], answer, served[arm.name])
                 else:
                     effects[arm.name].add_checks(base, answer)
             steps = steps or slice_steps(_unchanged_slice(served[UNCHANGED], 1))
@@ -78,10 +78,15 @@ def _turns(served: dict[str, Any], live: list[Arm], effects: dict[str, Effect], 
             changed = served[arm.name].slice(steps)
             after = _unchanged_slice(unchanged, steps)
             if "error" in changed:
-                effects[arm.name].error = changed["error"]
+                _fail(effects[arm.name], changed, served[arm.name])
             else:
                 effects[arm.name].add_pair(before, changed, after)
             before = after
+
+
+def _fail(effect: Effect, answer: dict[str, Any], process: Any) -> None:
+    effect.error = answer["error"]
+    effect.log = str(getattr(process, "log", "")) or None
 
 
 def _unchanged_slice(process: Any, steps: int) -> dict[str, Any]:
