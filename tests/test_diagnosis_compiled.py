@@ -164,3 +164,25 @@ def test_library_control_flow_buffer_copies_and_the_distribution_built_get_their
     assert "Categorical" not in found["distribution_checks"]["change"]
     assert "RolloutBuffer.add" in found["storage_copies"]["evidence"] and "library_control" in found
     assert "item_per_step" not in found
+
+
+@pytest.mark.parametrize("reinforce", [False, True])
+def test_an_acting_forward_is_reported_at_the_loops_call_and_no_grad_only_where_its_graph_is_unused(
+        reinforce: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    config = tmp_path / "acting.yaml"
+    config.write_text("trainer: acting_trainers:make_trainer\n"
+                      f"config: {{reinforce: {str(reinforce).lower()}}}\nvariants: {{baseline: {{}}}}\n"
+                      "run: {steps: 128, warmup_steps: 32, repeats: 1}\n")
+    code = main(["diagnose", str(config), "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)["diagnosis"]
+    assert code == 0
+    lines = (TESTS / "acting_trainers.py").read_text().splitlines()
+    loop_line = next(i for i, line in enumerate(lines, 1) if "the acting call in the loop" in line)
+    assert d["inference_forward_sites"] == [f"{TESTS / 'acting_trainers.py'}:{loop_line}"]
+    rules = {r["rule"] for r in d["recommendations"]}
+    if reinforce:  # the update backpropagates through the acting graph: no_grad there would break training
+        assert d["graph_building_acting"] == [] and "acting_builds_graph" not in rules
+    else:
+        assert [r["where"] for r in d["graph_building_acting"]] == [f"{TESTS / 'acting_trainers.py'}:{loop_line}"]
+        assert "acting_builds_graph" in rules

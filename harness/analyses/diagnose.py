@@ -20,6 +20,7 @@ reported with the error (``DiagnosisFailed``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,9 +252,8 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
         "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),
-        "inference_forward_sites": [where for where, _ in counters.inference_sites.most_common(3)],
-        "graph_building_acting": [{"where": where, "per_env_step": count / steps}
-                                  for where, count in counters.graph_acting.most_common()],
+        "inference_forward_sites": _acting_sites(counters),
+        "graph_building_acting": _graph_acting(counters, steps),
         "loop": {
             "envs_per_step": envs_per_step,
             "calls_per_block": state.block,
@@ -280,6 +280,30 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
     if not own:
         d["flag_advice"] = _flag_advice(resolution, d, plain_rate)
     return d
+
+
+def _acting_sites(counters: LoopCounters) -> list[str]:
+    """The three most frequent acting call sites, each at the loop's call (``LoopCounters.site_of``)."""
+    sites: Counter[str] = Counter()
+    for chain, count in counters.inference_sites.items():
+        sites[counters.site_of(chain)] += count
+    return [where for where, _ in sites.most_common(3)]
+
+
+def _graph_acting(counters: LoopCounters, steps: int) -> list[dict[str, Any]]:
+    """Acting forwards that built a graph no backward went through, by the loop's call site."""
+    sites: Counter[str] = Counter()
+    sampled = [chain for chain in counters.graph_acting if chain != ("?",)]
+    all_used = bool(sampled) and all(chain in counters.graph_used for chain in sampled)
+    for chain, count in counters.graph_acting.items():
+        if chain not in counters.graph_used and not (chain == ("?",) and all_used):
+            sites[counters.site_of(chain) if chain != ("?",) else "?"] += count
+    unsampled = sites.pop("?", 0)
+    if unsampled and sites:  # forwards past the sampled ones: at the sampled forwards' most frequent site
+        sites[sites.most_common(1)[0][0]] += unsampled
+    elif unsampled:
+        sites["?"] = unsampled
+    return [{"where": where, "per_env_step": count / steps} for where, count in sites.most_common()]
 
 
 def _compile_facts(state: _State) -> dict[str, Any]:

@@ -63,6 +63,20 @@ class SiteFinder:
             frame = frame.f_back
         return "?", via
 
+    def chain(self, depth: int = 1, limit: int = 8) -> tuple[str, ...]:
+        """``file:line`` of each frame in user code above the caller, innermost first (at most ``limit``), past
+        the network's own methods (frames whose ``self`` is a ``torch.nn.Module``: ``get_action``) where a frame
+        outside them calls in."""
+        frame, found, methods = sys._getframe(depth), [], []
+        while frame is not None and len(found) < limit:
+            code = frame.f_code
+            if not self._skip(code.co_filename):
+                site = f"{code.co_filename}:{frame.f_lineno}"
+                inside = "self" in code.co_varnames and isinstance(frame.f_locals.get("self"), torch.nn.Module)
+                (methods if inside and not found else found).append(site)
+            frame = frame.f_back
+        return tuple(found or methods) or ("?",)
+
     def where(self, depth: int = 1) -> str:
         """``file:line`` of the innermost frame in user code above the caller, or ``?`` where none is."""
         frame = sys._getframe(depth)

@@ -309,8 +309,10 @@ def _module_hooks(view: HookView) -> tuple[Callable[..., None], Callable[..., No
         counters.depth = max(0, counters.depth - 1)
         if counters.depth == 0 and is_compiled_module(module):
             view.compiled.leave(view, module, output)
-        else:
-            view.clock.leave()
+            return
+        if counters.depth == 0 and view.clock.enabled:
+            counters.watch_graph(output)
+        view.clock.leave()
 
     return forward_pre, forward_post
 

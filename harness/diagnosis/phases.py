@@ -242,7 +242,9 @@ class _Forward:
 
     builds_graph: bool
     rows: int
-    site: str | None
+    site: tuple[str, ...] | None
+    """The user's frames the call came through, innermost first (``frames.SiteFinder.chain``); None unsampled."""
+    watched: bool = False
 
 
 class LoopCounters:
@@ -269,11 +271,15 @@ class LoopCounters:
         self.env_classes: Counter[str] = Counter()
         self.env_step_calls = 0
         """Outermost env ``step`` calls (a vector env's step is one)."""
-        self.inference_sites: Counter[str] = Counter()
-        """Where the first ``SITE_SAMPLES`` outermost acting forwards were called from (``file:line``)."""
+        self.inference_sites: Counter[tuple[str, ...]] = Counter()
+        """Where the first ``SITE_SAMPLES`` outermost acting forwards were called from (their frame chains)."""
+        self.update_lines: set[str] = set()
+        """Every ``file:line`` on the sampled update forwards' frame chains: a line the update runs too."""
+        self.graph_used: set[tuple[str, ...]] = set()
+        """Chains of acting forwards whose autograd graph a backward went through after all."""
         self.inference_rows = 0
         """Rows (first dimension of the first tensor input; a 1-D input is one row) of the acting forwards."""
-        self.graph_acting: Counter[str] = Counter()
+        self.graph_acting: Counter[tuple[str, ...]] = Counter()
         """Acting forwards that built an autograd graph nobody used, by site (``?`` past the sampled ones)."""
         self.acting_syncs: Counter[Any] = Counter()
         """Host-sync keys made while acting: between a forward and the env step that takes its actions."""
@@ -287,8 +293,26 @@ class LoopCounters:
         site = None
         if finder is not None and self._sampled < 4 * SITE_SAMPLES:
             self._sampled += 1
-            site = finder.where(3)
+            site = finder.chain(3)
         self.pending.append(_Forward(builds_graph, rows, site))
+
+    def watch_graph(self, output: Any) -> None:
+        """The forward just seen built a graph: note it if a backward ever goes through it (then its graph was
+        used, and acting under ``no_grad`` there would break the update)."""
+        forward = self.pending[-1] if self.pending else None
+        if forward is None or forward.site is None or forward.watched or not forward.builds_graph:
+            return
+        forward.watched = True
+        leaves = torch.utils._pytree.tree_leaves(output)
+        grad_fn = next((x.grad_fn for x in leaves if isinstance(x, torch.Tensor) and x.grad_fn is not None), None)
+        if grad_fn is not None:
+            chain, used = forward.site, self.graph_used
+            grad_fn.register_prehook(lambda *_: used.add(chain))
+
+    def site_of(self, chain: tuple[str, ...]) -> str:
+        """Where an acting forward is reported: the innermost frame of its chain that no update forward runs
+        through (the loop's call, not a line inside a method the update also calls)."""
+        return next((where for where in chain if where not in self.update_lines), chain[-1] if chain else "?")
 
     def resolve(self, role: str | None) -> None:
         """The pending forwards take ``role`` (``inference``, ``update``; None: by their autograd state)."""
@@ -300,7 +324,9 @@ class LoopCounters:
                 if forward.site is not None and self.inference_sites.total() < SITE_SAMPLES:
                     self.inference_sites[forward.site] += 1
                 if forward.builds_graph:
-                    self.graph_acting[forward.site or "?"] += 1
+                    self.graph_acting[forward.site or ("?",)] += 1
+            elif forward.site is not None and len(self.update_lines) < 4 * SITE_SAMPLES:
+                self.update_lines.update(forward.site)
         if role == "inference":
             self.acting_syncs.update(self.pending_syncs)
         self.pending.clear()
