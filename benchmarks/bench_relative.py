@@ -5,7 +5,8 @@ identical code measured 2x apart between processes and as widely within one (doc
 one process per commit builds every (preset, variant) trainer, then takes ``RELATIVE_ROUNDS`` turns
 through them; each turn times one training slice and one acting slice of each, every slice between
 two slices of ``reference_work.ReferenceWork`` (code of this suite, the same for both commits of a
-comparison). A value is the median over the rounds of slice CPU seconds / reference CPU seconds, per
+comparison, run in a sibling process with fixed settings: what a commit does to its own process is
+charged to its slices alone, every thread of it). A value is the median over the rounds of slice CPU seconds / reference CPU seconds, per
 1k env steps (training) or per 100 action selections (acting): the machine's speed cancels, the
 code's cost stays. Measured once per benchmark run (``setup_cache``); the ``track_`` methods only
 read, so asv compares one value per commit by its factor (``make asv-continuous``'s ``ASV_FACTOR``,
@@ -82,7 +83,7 @@ class RelativeCost:
     # asv versions a benchmark by its own source, which here only reads the cache: bump this whenever the
     # yardstick (reference_work.ReferenceWork) or a slice's work changes, so that stored values of another unit
     # are never compared with new ones
-    version = "1"
+    version = "2"
 
     def setup_cache(self) -> dict[str, dict[str, float]]:
         return measure_relative()

@@ -9,6 +9,13 @@ the suite of the working tree against every commit, so both commits of a compari
 very same code. A trainer's slice and a reference slice alternate a fraction of a second apart, so
 whatever the machine does to one it does to the other, and their ratio keeps the code's cost.
 
+The yardstick runs in a sibling process (``SiblingReference``): ``python -I`` on this file, which
+imports nothing of the project, with fixed settings (one intra-op and one inter-op thread, highest
+float32 matmul precision, float32 default dtype, grad mode on, anomaly detection off) whatever the
+trainer's process set. So what a commit does to its own process (a busy background thread, a thread
+count, a global torch setting, a hook, a dispatch mode, a default dtype) lands on the trainer's slices
+alone: a trainer's slice is charged its whole process's CPU time, every thread of it included.
+
 Do not edit ``ReferenceWork``: its unit is what every stored ``RelativeCost`` value is counted in
 (bump ``RelativeCost.version`` if it must change: asv then keeps old values apart from new ones).
 """
@@ -16,8 +23,12 @@ Do not edit ``ReferenceWork``: its unit is what every stored ``RelativeCost`` va
 from __future__ import annotations
 
 import gc
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,6 +94,98 @@ class ReferenceWork:
         self.env.close()
 
 
+SIBLING_SETTINGS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""The sibling's environment on top of the parent's (less any ``TORCH*``/``PYTORCH*`` variable)."""
+
+
+def fix_settings() -> None:
+    """The yardstick's process settings, the same for every commit measured."""
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    torch.set_float32_matmul_precision("highest")
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    torch.autograd.set_detect_anomaly(False)
+
+
+def current_settings() -> dict[str, object]:
+    """The process settings that change what the yardstick's work costs."""
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "matmul_precision": torch.get_float32_matmul_precision(), "default_dtype": str(torch.get_default_dtype()),
+            "grad_enabled": torch.is_grad_enabled(), "anomaly_detection": torch.is_anomaly_enabled()}
+
+
+def serve(seed: int) -> None:
+    """The sibling's loop: ``unit``/``slice``/``settings``/``quit`` lines in on stdin, one line out per request (the
+    slice's CPU seconds, this process's own)."""
+    fix_settings()
+    work = ReferenceWork(seed)
+    try:
+        for line in sys.stdin:
+            request = line.strip()
+            if request == "quit":
+                break
+            if request == "unit":
+                work.unit()
+                answer = "ok"
+            elif request == "slice":
+                answer = repr(work.slice())
+            elif request == "settings":
+                answer = json.dumps(current_settings())
+            else:
+                answer = f"error: unknown request {request!r} (accepted: unit, slice, settings, quit)"
+            sys.stdout.write(answer + "\n")
+            sys.stdout.flush()
+    finally:
+        work.close()
+
+
+class SiblingReference:
+    """``ReferenceWork`` in a sibling process with fixed settings; ``slice()`` returns its CPU seconds.
+
+    The caller blocks while the sibling works, so the two alternate on the machine a moment apart;
+    nothing the caller's process does to torch, its threads or its interpreter reaches the yardstick.
+    """
+
+    def __init__(self, seed: int = 0, timeout: float = 120.0) -> None:
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("TORCH", "PYTORCH"))}
+        env.update(SIBLING_SETTINGS)
+        self.timeout = timeout
+        self.process = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "--serve", str(seed)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+
+    def _ask(self, request: str) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(request + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline().strip()
+        if not answer or answer.startswith("error"):
+            code = self.process.poll()
+            raise RuntimeError(f"the yardstick's process answered {answer!r} to {request!r} (exit code {code})")
+        return answer
+
+    def unit(self) -> None:
+        self._ask("unit")
+
+    def slice(self) -> float:
+        return float(self._ask("slice"))
+
+    def settings(self) -> dict[str, object]:
+        return json.loads(self._ask("settings"))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self._ask("quit")
+            except (OSError, RuntimeError, ValueError):
+                pass
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 @dataclass
 class PairedCost:
     """One measured slot: its cost per unit of its work in reference slices, one ratio a round."""
@@ -102,7 +205,7 @@ def _repeats_for(slot: Callable[[int], float], min_seconds: float) -> int:
 
 
 def measure_paired(slots: Sequence[Callable[[int], float]], rounds: int,
-                   reference: ReferenceWork | None = None,
+                   reference: ReferenceWork | SiblingReference | None = None,
                    min_slice_seconds: float = MIN_SLICE_SECONDS) -> list[PairedCost]:
     """Run every slot ``rounds`` times, each run between two reference slices: R S1 R S2 R ... R.
 
@@ -110,10 +213,11 @@ def measure_paired(slots: Sequence[Callable[[int], float]], rounds: int,
     least ``min_slice_seconds``, and returns how much work it did (env steps, selections). Its ratio in
     a round is its CPU seconds over the mean of the reference slices just before and just after it
     (which cancels a drift that is linear over the pair), per unit of its work. Slots take turns, so a
-    change in the machine's speed in the middle lands on every slot alike.
+    change in the machine's speed in the middle lands on every slot alike. Without ``reference``, the
+    yardstick is a ``SiblingReference`` (its own process, fixed settings).
     """
     own = reference is None
-    reference = reference or ReferenceWork()
+    reference = reference or SiblingReference()
     ratios: list[list[float]] = [[] for _ in slots]
     try:
         reference.unit()  # the first call pays torch's lazy set-up
@@ -132,3 +236,9 @@ def measure_paired(slots: Sequence[Callable[[int], float]], rounds: int,
         if own:
             reference.close()
     return [PairedCost(r) for r in ratios]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--serve"]:
+        sys.exit("usage: python -I reference_work.py --serve SEED")
+    serve(int(sys.argv[2]) if len(sys.argv) > 2 else 0)

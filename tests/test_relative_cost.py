@@ -155,3 +155,69 @@ def test_relative_cost_carries_an_explicit_version_for_its_yardstick() -> None:
     bump ``version`` by hand, or old and new units would be compared."""
     assert "version" in bench_relative.RelativeCost.__dict__
     assert "RelativeCost.version" in (reference_work.__doc__ or "")
+
+
+def test_the_sibling_yardstick_keeps_its_settings_whatever_the_trainers_process_set() -> None:
+    """A thread count, a matmul precision, a default dtype, grad mode or anomaly detection left by the commit under
+    test changes the trainer's process, never the yardstick's."""
+    import torch
+
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    torch.set_num_threads(2)
+    torch.set_float32_matmul_precision("medium")
+    torch.set_default_dtype(torch.float64)
+    torch.autograd.set_detect_anomaly(True)
+    try:
+        with torch.no_grad():
+            sibling = reference_work.SiblingReference()
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(precision)
+        torch.set_default_dtype(torch.float32)
+        torch.autograd.set_detect_anomaly(False)
+    try:
+        assert sibling.settings() == {"threads": 1, "interop_threads": 1, "matmul_precision": "highest",
+                                      "default_dtype": "torch.float32", "grad_enabled": True,
+                                      "anomaly_detection": False}
+        sibling.unit()
+        assert sibling.slice() > 0
+    finally:
+        sibling.close()
+    assert sibling.process.returncode == 0
+
+
+def test_a_busy_thread_in_the_trainers_process_is_charged_to_its_slices() -> None:
+    """The trainer's slice costs its whole process's CPU time: a background thread's spinning counts there, and the
+    yardstick in its own process does not share it (in one process, the ratio divided it away)."""
+    import threading
+
+    def slot(repeats: int) -> float:
+        end = time.thread_time() + 0.004 * repeats
+        while time.thread_time() < end:
+            pass
+        return float(repeats)
+
+    plain = reference_work.measure_paired([slot], rounds=5, min_slice_seconds=0.03)[0].median
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        busy = reference_work.measure_paired([slot], rounds=5, min_slice_seconds=0.03)[0].median
+    finally:
+        stop.set()
+        spinner.join()
+    assert busy / plain > 1.25
+
+
+def test_the_sibling_refuses_an_unknown_request_with_one_line() -> None:
+    sibling = reference_work.SiblingReference()
+    try:
+        with pytest.raises(RuntimeError, match="unknown request 'lap'"):
+            sibling._ask("lap")
+    finally:
+        sibling.close()
