@@ -30,7 +30,7 @@ HEAD_REF ?= HEAD
 # process on any load, so any increase beyond ASV_COUNT_FACTOR fails (a sync or a kernel added per step).
 # Hardware instructions retired are not exact between processes: reported by asv-report, never gated.
 ASV_COUNT_FACTOR ?= 1.001
-ASV_COUNTS ?= CostCounts\.track_(aten_ops|host_syncs|float64_ops|output_bytes|python_calls)
+ASV_COUNTS ?= CostCounts\.track_(acting_)?(aten_ops|host_syncs|float64_ops|output_bytes|python_calls)
 # asv-quick files its results under this commit (ASV_QUICK_ARGS: more asv run options, e.g.
 # -b time_insert_vector_step); asv-publish reads them from ASV_RESULTS (asv.conf.json's results_dir).
 ASV_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)

@@ -1,5 +1,6 @@
-"""The deterministic cost counts (``harness.measurement.cost_counts``, asv's ``CostCounts``): the same work
-gives the same counts; one sync or one kernel added per step shows as exactly one more per step."""
+"""The deterministic cost counts (``benchmarks.cost_instrument``, asv's ``CostCounts``): the same work
+gives the same counts; one sync or one kernel added per step shows as exactly one more per step, in
+training and in action selection."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.measurement.cost_counts import COUNTS, count_costs, open_instruction_counter
+from benchmarks.cost_instrument import COUNTS, count_costs, open_instruction_counter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,7 @@ def test_instructions_are_none_where_the_kernel_has_no_counter() -> None:
 def test_a_preset_counts_the_same_in_two_fresh_processes() -> None:
     """What asv compares across commits: a preset variant's counts in two processes of the same code."""
     script = ("import torch, json; from benchmarks.common import build, train_env_steps; "
-              "from harness.measurement.cost_counts import count_costs; "
+              "from benchmarks.cost_instrument import count_costs; "
               "t = build('dqn-cartpole', 'baseline', 'cpu', ('dqn.learning_starts=64',)); train_env_steps(t, 64); "
               "print(json.dumps(count_costs(lambda: train_env_steps(t, 64), torch.device('cpu'))))")
     runs = [subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -94,6 +95,7 @@ def test_the_makefile_gates_every_count_but_the_instructions_at_a_factor_near_on
     gated = re.compile(value["ASV_COUNTS"])
     for name in ("aten_ops", "host_syncs", "float64_ops", "output_bytes", "python_calls"):
         assert gated.search(f"bench_counts.CostCounts.track_{name}_per_env_step")
+        assert gated.search(f"bench_counts.CostCounts.track_acting_{name}_per_selection")
     assert not gated.search("bench_counts.CostCounts.track_instructions_per_env_step")
     assert re.compile(value["ASV_REPORTED"]).search("bench_counts.CostCounts.track_instructions_per_env_step")
     assert not re.compile(value["ASV_GATED"]).search("bench_counts.CostCounts.track_host_syncs_per_env_step")
@@ -111,3 +113,74 @@ def test_an_absent_device_is_skipped_by_the_counts(monkeypatch: pytest.MonkeyPat
     for device in ("cuda", "mps"):
         with pytest.raises(NotImplementedError, match=device):
             bench_counts.CostCounts().setup({}, "ppo-cartpole", "baseline", device)
+
+
+def test_an_in_place_op_allocates_nothing_and_a_new_tensor_does() -> None:
+    x = torch.ones(3, 4)
+
+    def in_place() -> int:
+        for _ in range(10):
+            x.add_(1)
+        return 10
+
+    def fresh() -> int:
+        for _ in range(10):
+            x.add(1)
+        return 10
+
+    assert count_costs(in_place, torch.device("cpu"))["output_bytes"] == 0
+    assert count_costs(fresh, torch.device("cpu"))["output_bytes"] == 3 * 4 * 4
+
+
+def test_the_instruments_own_frames_are_not_python_calls_of_the_work() -> None:
+    """A loop of C-implemented torch calls makes no Python call per step, however many ops the modes see."""
+    x = torch.ones(3, 4)
+
+    def loop() -> int:
+        for _ in range(50):
+            x.sum().item()
+        return 50
+
+    counts = count_costs(loop, torch.device("cpu"))
+    assert counts["aten_ops"] >= 2 and counts["python_calls"] < 0.5
+
+
+def test_the_instrument_is_the_suites_own() -> None:
+    """Both commits of a comparison are counted by the same code: the instrument imports nothing of the project."""
+    import inspect
+
+    from benchmarks import cost_instrument
+
+    source = inspect.getsource(cost_instrument)
+    assert "from harness" not in source and "import harness" not in source and "reference_trainers" not in source
+
+
+def test_a_kernel_and_a_sync_added_to_action_selection_move_the_acting_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inference path is counted per selection: one more kernel and one .item() in every PPO select_actions
+    call are one more op and one more sync per selection (training counts cover it only in the rollout)."""
+    from benchmarks import bench_counts, common
+
+    monkeypatch.setattr(bench_counts, "COUNT_PRESETS", ["ppo-cartpole"])
+    monkeypatch.setattr(bench_counts, "VARIANTS", ["optimized"])
+    monkeypatch.setattr(bench_counts, "DEVICES", ["cpu"])
+    monkeypatch.setattr(bench_counts, "COUNT_STEPS", 64)
+    monkeypatch.setattr(bench_counts, "WARMUP_STEPS", 64)
+    plain = bench_counts.measure_counts()["ppo-cartpole/optimized/cpu"]
+    real_build = common.build
+
+    def planted_build(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        trainer = real_build(*args, **kwargs)
+        select = trainer.select_actions
+
+        def select_actions(obs):  # noqa: ANN001, ANN202
+            out = select(obs)
+            torch.ones(2).mul(2).sum().item()
+            return out
+
+        trainer.select_actions = select_actions
+        return trainer
+
+    monkeypatch.setattr(bench_counts, "build", planted_build)
+    planted = bench_counts.measure_counts()["ppo-cartpole/optimized/cpu"]
+    assert planted["acting_host_syncs"] - plain["acting_host_syncs"] == pytest.approx(1.0)
+    assert planted["acting_aten_ops"] - plain["acting_aten_ops"] >= 2.0
