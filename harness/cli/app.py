@@ -24,6 +24,7 @@ from rich.console import Console
 from reference_trainers.config.schema import ConfigError, to_plain_dict
 
 from harness.cli import analysis_commands as analysis
+from harness.cli import detection_command
 from harness.cli import try_command
 from harness.cli.options import (DEBUG_ENV, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED,
                           DEVICE_HELP, EXIT_OK, VersionAction, add_debug_option, debug_from_env, run_options,
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the file to append to (default: RUNS.md in the current folder)")
     analysis.add_parsers(sub)
     try_command.add_parser(sub)
+    detection_command.add_parser(sub)
     for command in sub.choices.values():
         add_debug_option(command, top_level=False)  # 'rlgauge run ... --debug' works too
     return parser
@@ -621,7 +623,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "presets": cmd_presets, "config": cmd_config, "compare": cmd_compare,
             "gate": cmd_gate, "record": cmd_record, **analysis.COMMANDS,
-            **try_command.COMMANDS}
+            **try_command.COMMANDS, **detection_command.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,270 @@
+"""``rlgauge detection-matrix``: plant each kind of regression into a throwaway commit of a scratch clone, run
+every gate on it against the base, ``--runs`` times, and tabulate caught k of n (A/A: false alarms k of n).
+
+Resumable: every cell is saved as it is measured (``WORKDIR/state.json``, keyed by the base commit), a rerun
+measures only the missing ones, and an interrupted matrix is tabulated with the missing cells named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from harness.detection import gates
+from harness.detection.plants import PLANTS, PlantDoesNotApply
+from harness.errors import UserError
+
+DOC_START, DOC_END = "<!-- detection-matrix:start -->", "<!-- detection-matrix:end -->"
+"""The markers in docs/tracking.md between which ``--doc`` writes the table."""
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip().splitlines()[-1:] or ['']}")
+    return done.stdout.strip()
+
+
+def check_repository(repo: Path) -> str:
+    """The base commit (HEAD); a dirty tree or a folder without git history is refused (bad input)."""
+    inside = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo,
+                            capture_output=True, text=True)
+    if inside.returncode != 0:
+        raise UserError(f"{repo}: no git history here; the detection matrix plants commits on top of HEAD "
+                        "(run it in a clone of the project)")
+    if _git(repo, "status", "--porcelain", "--untracked-files=no"):
+        raise UserError(f"{repo}: uncommitted changes; the matrix measures commits only "
+                        "(commit or stash them first)")
+    return inside.stdout.strip()
+
+
+def plant_commits(clone: Path, base: str, names: Sequence[str]) -> dict[str, str]:
+    """One commit per plant on top of ``base`` in the scratch clone: plant name -> commit."""
+    commits = {}
+    for name in names:
+        _git(clone, "checkout", "-q", "-B", f"plant-{name}", base)
+        try:
+            PLANTS[name].apply(clone)
+        except PlantDoesNotApply as exc:
+            raise UserError(f"plant {name} does not apply: {exc}") from None
+        _git(clone, "-c", "user.name=rlgauge", "-c", "user.email=rlgauge@localhost", "commit", "-q", "-a",
+             "--allow-empty", "-m", f"planted regression: {name}")
+        commits[name] = _git(clone, "rev-parse", "HEAD")
+    _git(clone, "checkout", "-q", base)
+    return commits
+
+
+class State:
+    """The measured cells, saved after each one (atomically)."""
+
+    def __init__(self, path: Path, base: str) -> None:
+        self.path = path
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        if data.get("base") != base:
+            data = {"base": base, "cells": {}, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "seconds": 0.0}
+        self.data = data
+
+    @property
+    def cells(self) -> dict[str, dict]:
+        return self.data["cells"]
+
+    def put(self, gate: str, plant: str, run: int, verdict: gates.Verdict) -> None:
+        self.cells[f"{gate}|{plant}|{run}"] = verdict.to_dict()
+        self.save()
+
+    def has(self, gate: str, plant: str, run: int) -> bool:
+        return f"{gate}|{plant}|{run}" in self.cells
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+@contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes that spin beside the measurements (a loaded machine), ended afterwards."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def _asv_config(clone: Path, workdir: Path, run: int) -> Path:
+    """The clone's asv configuration with this run's own results folder (the environments are shared)."""
+    text = (clone / "asv.conf.json").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if not line.strip().startswith("//")]
+    config = json.loads("\n".join(lines))
+    config["results_dir"] = str(workdir / f"asv-results-{run}")
+    config["env_dir"] = str(workdir / "asv-env")
+    config["html_dir"] = str(workdir / "asv-html")
+    config["repo"] = str(clone)
+    path = workdir / f"asv-{run}.conf.json"
+    path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return path
+
+
+def _log(message: str) -> None:
+    print(f"detection-matrix: {message}", file=sys.stderr, flush=True)
+
+
+def measure(repo: Path, workdir: Path, plants: Sequence[str], chosen: Sequence[str], runs: int,
+            busy: int) -> State:
+    """Every missing (gate, plant, run) cell; returns the state with what was measured."""
+    base = check_repository(repo)
+    workdir.mkdir(parents=True, exist_ok=True)
+    state = State(workdir / "state.json", base)
+    known_plants, known_gates = state.data.get("plants", []), state.data.get("gates", [])
+    state.data.update(plants=[p for p in PLANTS if p in plants or p in known_plants],
+                      gates=[g for g in gates.GATES if g in chosen or g in known_gates],
+                      runs=max(runs, state.data.get("runs", 0)), busy=busy)
+    clone = workdir / "clone"
+    if not (clone / ".git").exists():
+        _git(workdir, "clone", "-q", "--no-hardlinks", str(repo), str(clone))
+    _git(clone, "fetch", "-q", str(repo), base)
+    commits = plant_commits(clone, base, plants)
+    subprocess.run([sys.executable, "-m", "asv", "machine", "--yes"], cwd=clone, capture_output=True)
+    started = time.monotonic()
+    try:
+        with busy_loops(busy):
+            for run in range(1, runs + 1):
+                _measure_run(clone, workdir, state, base, commits, chosen, run)
+    finally:
+        state.data["seconds"] = state.data.get("seconds", 0.0) + time.monotonic() - started
+        state.save()
+    return state
+
+
+def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: dict[str, str],
+                 chosen: Sequence[str], run: int) -> None:
+    asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+    missing_asv = [p for p in commits if any(not state.has(g, p, run) for g in asv_gates)]
+    if missing_asv:
+        config = _asv_config(clone, workdir, run)
+        _log(f"run {run}: asv over the base and {len(missing_asv)} plant commits")
+        code, out, seconds = gates.asv_run(clone, config, [base, *(commits[p] for p in missing_asv)])
+        for plant in missing_asv:
+            for gate, verdict in gates.asv_verdicts(clone, config, base, commits[plant], seconds).items():
+                if gate in asv_gates:
+                    state.put(gate, plant, run, verdict if code == 0 or verdict.outcome != gates.FAILED else
+                              gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates._last_line(out)}", seconds))
+    baseline = workdir / f"plugin-baseline-{run}.json"
+    for plant, commit in commits.items():
+        for gate in chosen:
+            if gate in asv_gates or state.has(gate, plant, run):
+                continue
+            _git(clone, "checkout", "-q", commit)
+            _log(f"run {run}: {gate} on {plant}")
+            if gate == gates.ONE_PROCESS:
+                verdict = gates.one_process(clone)
+            elif gate == gates.CROSS_COMMIT:
+                verdict = gates.cross_commit(clone, base)
+            elif gate == gates.PROPERTY_TESTS:
+                verdict = gates.property_tests(clone)
+            else:
+                if not baseline.exists():
+                    _git(clone, "checkout", "-q", base)
+                    code, line = gates.plugin_baseline(clone, baseline)
+                    _git(clone, "checkout", "-q", commit)
+                    if code != 0:
+                        state.put(gate, plant, run, gates.Verdict(gates.FAILED, f"base result: {line}", 0.0))
+                        continue
+                verdict = gates.plugin(clone, baseline, workdir)
+            state.put(gate, plant, run, verdict)
+    _git(clone, "checkout", "-q", base)
+
+
+def _cell(state: State, gate: str, plant: str, runs: int) -> str:
+    outcomes = [state.cells.get(f"{gate}|{plant}|{run}", {}).get("outcome") for run in range(1, runs + 1)]
+    done = [o for o in outcomes if o is not None]
+    if not done:
+        return "missing"
+    caught = sum(o == gates.CAUGHT for o in done)
+    text = f"{caught}/{len(done)}"
+    extras = [f"{sum(o == kind for o in done)} {kind}" for kind in (gates.NO_VERDICT, gates.FAILED)
+              if any(o == kind for o in done)]
+    if len(done) < runs:
+        extras.append(f"{runs - len(done)} missing")
+    return text + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _ci_cell(state: State, plant: str, runs: int, chosen: Sequence[str]) -> str:
+    """Caught by CI in a run: any gate CI runs flagged it (a gate without verdict passes in CI)."""
+    in_ci = [g for g in gates.IN_CI if g in chosen]
+    caught, done = 0, 0
+    for run in range(1, runs + 1):
+        outcomes = [state.cells.get(f"{g}|{plant}|{run}", {}).get("outcome") for g in in_ci]
+        if any(o is None for o in outcomes):
+            continue
+        done += 1
+        caught += any(o == gates.CAUGHT for o in outcomes)
+    return f"{caught}/{done}" if done else "missing"
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def table(state: State) -> str:
+    """The matrix as Markdown: each plant x each gate, caught k of n (the A/A row: false alarms k of n)."""
+    data = state.data
+    runs, chosen = data.get("runs", 1), data.get("gates", list(gates.GATES))
+    plants = data.get("plants", list(PLANTS))
+    head = ["plant", *chosen, "CI (any gate it runs)"]
+    lines = [f"Detection matrix: base commit {data['base'][:10]}, {machine_line()}; {runs} run(s) per cell"
+             f"{', with ' + str(data.get('busy')) + ' busy loops beside' if data.get('busy') else ', quiet'}; "
+             f"started {data.get('started')}, {data.get('seconds', 0) / 60:.0f} min measured. A cell: runs that "
+             "caught the plant / runs measured (the A/A row: false alarms).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for plant in plants:
+        row = [f"{plant}: {PLANTS[plant].kind}" if plant in PLANTS else plant]
+        row += [_cell(state, gate, plant, runs) for gate in chosen]
+        row.append(_ci_cell(state, plant, runs, chosen))
+        lines.append("| " + " | ".join(row) + " |")
+    missing = [key for key in (f"{g}|{p}|{r}" for g in chosen for p in plants for r in range(1, runs + 1))
+               if key not in state.cells]
+    if missing:
+        lines += ["", f"Missing: {len(missing)} cells ({', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''})."]
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(doc: Path, text: str) -> None:
+    """Replace the table between the markers in ``doc`` (refused where the markers are not there once)."""
+    content = doc.read_text(encoding="utf-8")
+    if content.count(DOC_START) != 1 or content.count(DOC_END) != 1:
+        raise UserError(f"{doc}: needs the markers {DOC_START} and {DOC_END} once each, around the table")
+    head, rest = content.split(DOC_START)
+    _, tail = rest.split(DOC_END)
+    doc.write_text(f"{head}{DOC_START}\n{text}{DOC_END}{tail}", encoding="utf-8")
+
+
+def default_workdir(repo: Path) -> Path:
+    return Path(tempfile.gettempdir()) / f"rlgauge-detection-matrix-{repo.resolve().name}"
+
+
+def remove_workdir(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
