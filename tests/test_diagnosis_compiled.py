@@ -186,3 +186,23 @@ def test_an_acting_forward_is_reported_at_the_loops_call_and_no_grad_only_where_
     else:
         assert [r["where"] for r in d["graph_building_acting"]] == [f"{TESTS / 'acting_trainers.py'}:{loop_line}"]
         assert "acting_builds_graph" in rules
+
+
+def test_a_python_loop_over_the_batch_is_named_at_the_loops_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    code = main(["diagnose", "--trainer", "batch_loop_trainer:make_trainer", "--steps", "64", "--set",
+                 "run.warmup_steps=8", "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)["diagnosis"]
+    assert code == 0
+    lines = (TESTS / "batch_loop_trainer.py").read_text().splitlines()
+    loop, body = (next(i for i, line in enumerate(lines, 1) if text in line)
+                  for text in ("the loop over the batch", "one small kernel per row"))
+    path = str(TESTS / "batch_loop_trainer.py")
+    hot = d["hot_lines"]
+    assert hot["phase"] == "update" and hot["lines"][0]["where"] == f"{path}:{body}"
+    assert hot["lines"][0]["kernels_per_update"] == pytest.approx(32)
+    assert hot["batch_loops"][0]["loop"] == f"{path}:{loop}"
+    rule = next(r for r in d["recommendations"] if r["rule"] == "batch_loop")
+    assert rule["change"].startswith("a Python loop over the batch: vectorise it")
+    assert f"batch_loop_trainer.py:{loop}" in rule["evidence"]

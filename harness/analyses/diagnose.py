@@ -38,6 +38,7 @@ from harness.diagnosis.flag_advice import (  # noqa: F401 - the preset flag advi
     phase_shares)
 from harness.diagnosis.float64_sites import float64_finder, float64_sites
 from harness.diagnosis.frames import SiteFinder, raise_site, short
+from harness.diagnosis.hot_lines import LineKernels, batch_loops, hot_lines
 from harness.diagnosis.host_syncs import HostSyncFinder, cuda_sync_warnings, per_env_step
 from harness.diagnosis.loop_shape import KernelCounter, compile_counters, optimizers
 from harness.diagnosis.compiled import CompileLog
@@ -107,6 +108,8 @@ class _State:
     recompiles_before: int = 0
     recompile_reasons: list[str] = field(default_factory=list)
     compiled_calls: Any = None
+    lines: Any = None
+    """The audit's ``LineKernels``: kernels and op time by phase and user line."""
     """The hooks' ``CompiledCalls``: which source lines are compiled functions'."""
 
 
@@ -199,11 +202,12 @@ def _audit(trainer: Any, resolution: Any, own_is_rlgauge: bool, state: _State, h
     view.clock, view.counters, view.finder = audit_clock, audit_counters, None
     state.syncs = HostSyncFinder(resolution.device, finder, audit_counters)
     state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
+    state.lines = LineKernels(finder, audit_clock)
     # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
     with torch.compiler.set_stance("force_eager"), cuda_sync_warnings(resolution.device, finder, state.syncs.sites):
         hook_set.install()
         try:
-            with state.syncs, state.wide, state.kernels:
+            with state.syncs, state.wide, state.kernels, state.lines:
                 audit_clock.enabled = True
                 try:
                     while not state.ran_out and (state.audit.env_steps < AUDIT_ENV_STEPS or not state.audit.calls):
@@ -272,14 +276,28 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
                      "hooks_pct": 100.0 * (plain_rate / hooked_rate - 1.0) if plain_rate and hooked_rate else None},
         "ran_out": state.ran_out,
     }
+    d["hot_lines"] = _hot_lines(d, state)
     if state.compiled:  # the audit replays compiled functions eagerly: what it saw inside them is marked
-        for row in (*d["host_syncs"], *d["float64"]):
+        for row in (*d["host_syncs"], *d["float64"], *d["hot_lines"]["lines"]):
             row["eager_replay_only"] = state.compiled_calls.replayed(row["where"])
     d["warnings"] = _warnings(d)
     d["recommendations"] = recommend(d, target)
     if not own:
         d["flag_advice"] = _flag_advice(resolution, d, plain_rate)
     return d
+
+
+def _hot_lines(d: dict[str, Any], state: _State) -> dict[str, Any]:
+    """The dominant phase's hottest user lines in the audit, and the Python loops over the batch among them."""
+    shares = {"update": d["phases"]["update"], "acting": d["phases"]["inference"], "env": d["phases"]["env"],
+              "transfer": d["phases"]["transfer"]}
+    phase = max(shares, key=lambda name: shares[name])
+    if state.lines is None:
+        return {"phase": phase, "lines": [], "batch_loops": []}
+    updates = max(1, state.audit_counters.optimizer_steps, state.audit.optimizer_steps)
+    lines = hot_lines(state.lines, phase, updates)
+    loops = batch_loops(hot_lines(state.lines, "update", updates, top=10))
+    return {"phase": phase, "lines": lines, "batch_loops": loops}
 
 
 def _acting_sites(counters: LoopCounters) -> list[str]:

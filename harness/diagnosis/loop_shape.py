@@ -26,9 +26,14 @@ class KernelCounter(TorchDispatchMode):
         self.kernels = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not str(func).startswith(_FREE):
+        if not is_free(func):
             self.kernels += 1
         return func(*args, **(kwargs or {}))
+
+
+def is_free(func: Any) -> bool:
+    """An op that only makes a view (no kernel runs)."""
+    return str(func).startswith(_FREE)
 
 
 def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:

@@ -37,7 +37,7 @@ import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -74,6 +74,9 @@ class PhaseClock:
         """Seconds of graph-building forwards booked as inference since the last env step or update: an update call
         takes them with its lead-in, an env step keeps them as acting, the end of a call gives them to ``update``."""
         self._entered_graph = False
+        self.listeners: list[Callable[[str], None]] = []
+        """Told ``update`` as an outermost update call starts (its lead-in is the update's), ``env`` as an env
+        step starts (the work since the last one acted), ``end`` at the end of an ``iterate()`` call."""
 
     @property
     def current(self) -> str | None:
@@ -83,6 +86,8 @@ class PhaseClock:
         if not self.enabled:
             return
         if not self._stack:
+            for listener in self.listeners if phase in ("env", "update") else ():
+                listener(phase)
             now = time.perf_counter()
             if phase in ("env", "inference"):
                 self._close_acting(now)
@@ -185,6 +190,8 @@ class PhaseClock:
         """The end of an ``iterate()`` call: the time since its last env step is a gap too; graph-building
         forwards no env step followed are the update's (a loss whose backward this call did not reach)."""
         self._close_gap(time.perf_counter())
+        for listener in self.listeners:
+            listener("end")
         self.seconds["inference"] -= self._graph_forward_seconds
         self.seconds["update"] += self._graph_forward_seconds
         self._graph_forward_seconds = 0.0

@@ -119,6 +119,16 @@ def _library_control(d: dict[str, Any]) -> str | None:
             f"at {', '.join(short(s['where']) for s in rows[:3])}")
 
 
+def _batch_loop(d: dict[str, Any]) -> str | None:
+    loops = (d.get("hot_lines") or {}).get("batch_loops", [])
+    if not loops:
+        return None
+    first = loops[0]
+    return (f"a Python loop over the batch at {short(first['loop'])} launches {first['kernels_per_update']:.0f} small "
+            f"kernels per update ({first['kernel_share']:.0f}% of the update's) at "
+            f"{', '.join(short(w) for w in first['lines'][:3])}")
+
+
 def _graph_acting(d: dict[str, Any]) -> str | None:
     rows = d.get("graph_building_acting", [])
     per = sum(r["per_env_step"] for r in rows)
@@ -255,6 +265,11 @@ RULES: list[Rule] = [
     Rule("forloop_optimizer", "fused Adam: torch.optim.Adam(..., fused=True) (foreach=True where fused is not "
          "available)", "optimizer_impl", _forloop_optimizer, "fused_adam: {fused_adam: true}",
          "the for-loop Adam launches several kernels per parameter tensor; fused runs one kernel over all of them"),
+    Rule("batch_loop", "a Python loop over the batch: vectorise it (one op over all rows: index_add_/scatter_add_ "
+         "with the rows' indices, a gather, or torch.vmap), so the update launches one kernel per op, not one per row",
+         None, _batch_loop, "vectorised: {vectorised_update: true}",
+         "each iteration of the loop dispatches its small kernels from Python: the launch and dispatch overhead grows "
+         "with the batch, while one batched op pays it once"),
     Rule("uncompiled_update", "torch.compile the update step (measure it: compiled tiny networks can be slower "
          "on a CPU)", "compile_train_step", _many_kernels, "compiled: {compile_update: true}",
          "compilation fuses the update's many small kernels and removes their Python dispatch"),

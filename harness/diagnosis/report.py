@@ -15,6 +15,19 @@ def _split(shares: dict[str, float], order: tuple[str, ...]) -> str:
     return ", ".join(f"{name} {shares.get(name, 0.0):.1f}%" for name in order)
 
 
+def _hot_lines(hot: dict[str, Any] | None) -> list[str]:
+    """The dominant phase's hottest lines, and the Python loops over the batch among the update's."""
+    if not hot or not hot["lines"]:
+        return []
+    out = [f"hot lines of the {hot['phase']} phase (audit; share of its kernels and of its op time, kernels per "
+           "optimizer step):"]
+    out += [f"  {h['kernel_share']:5.1f}% kernels {h['time_share']:5.1f}% time {h['kernels_per_update']:9.1f}/update  "
+            f"{short(h['where'])}" + (_REPLAY if h.get("eager_replay_only") else "") for h in hot["lines"]]
+    out += [f"  a Python loop over the batch at {short(loop['loop'])}: {loop['kernels_per_update']:.0f} small kernels "
+            f"per update at {', '.join(short(w) for w in loop['lines'])}: vectorise it" for loop in hot["batch_loops"]]
+    return out
+
+
 def _compile_line(loop: dict[str, Any]) -> str:
     """torch.compile as the trainer has it: frames, breaks by kind and line, recompiles while diagnosed."""
     sites = loop.get("graph_break_sites", [])
@@ -49,6 +62,7 @@ def report_lines(d: dict[str, Any]) -> list[str]:
     lines.append(f"float64 ops: {sum(f['count'] for f in d['float64'])}" + ("" if d["float64"] else " (none)"))
     lines += [f"  {f['count']:8d}  {f['op']:<28} {short(f['where'])}" + (f"  `{f['call']}`" if f.get("call") else "")
               + (_REPLAY if f.get("eager_replay_only") else "") for f in d["float64"][:10]]
+    lines += _hot_lines(d.get("hot_lines"))
     opts = ", ".join(f"{o['class']} ({o['impl']})" for o in loop["optimizers"]) or "none stepped"
     lines += [
         f"loop shape: {d['forwards_per_env_step']:.3f} acting forwards and "

@@ -1,0 +1,123 @@
+"""The user's source lines that launch the most kernels and take the most op time, by phase.
+
+``LineKernels`` is a ``TorchDispatchMode`` for the audit: each dispatched op that runs a kernel
+(views aside, ``loop_shape``) is counted at the user's ``file:line`` that made it, with the seconds
+the op took. Its phase is the audit clock's: ops inside an update call are the update's; ops before
+one (a forward, a loss, sampling a replay) wait for what follows, as the phase split does
+(``phases``): an update call makes them the update's, an env step makes them acting.
+
+``hot_lines`` ranks the dominant phase's lines; ``batch_loops`` finds the lines among them that a
+Python ``for`` loop repeats many times per update with small ops: "a Python loop over the batch".
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import time
+from collections import Counter
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.diagnosis.loop_shape import is_free
+
+PHASE_OF = {"update": "update", "env": "env", "transfer": "transfer", "inference": "acting"}
+SMALL_OP_ELEMENTS = 1024
+"""Outputs of at most this many elements on average make a line's kernels small (launch-bound)."""
+LOOP_KERNELS_PER_UPDATE = 16
+"""A line inside a ``for`` loop launching at least this many kernels per optimizer step repeats per row."""
+
+
+class LineKernels(TorchDispatchMode):
+    """Kernels, op seconds and output elements by (phase, ``file:line``) while active."""
+
+    def __init__(self, finder: Any, clock: Any) -> None:
+        super().__init__()
+        self.finder, self.clock = finder, clock
+        self.kernels: Counter[tuple[str, str]] = Counter()
+        self.seconds: Counter[tuple[str, str]] = Counter()
+        self.elements: Counter[tuple[str, str]] = Counter()
+        self._pending: list[tuple[str, int, float, int]] = []
+        clock.listeners.append(self._settle)
+
+    def _settle(self, event: str) -> None:
+        """The ops waiting for a role take it: an update call's lead-in, an env step's acting, or the end's."""
+        phase = {"update": "update", "env": "acting"}.get(event, "other")
+        for where, kernels, seconds, elements in self._pending:
+            self.kernels[(phase, where)] += kernels
+            self.seconds[(phase, where)] += seconds
+            self.elements[(phase, where)] += elements
+        self._pending.clear()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if is_free(func):
+            return func(*args, **(kwargs or {}))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        took = time.perf_counter() - start
+        where = self.finder.where(2)
+        elements = int(getattr(out, "numel", lambda: 0)()) if hasattr(out, "numel") else 0
+        current = self.clock.current
+        if current is None or current == "inference":
+            self._pending.append((where, 1, took, elements))
+        else:
+            key = (PHASE_OF.get(current, current), where)
+            self.kernels[key] += 1
+            self.seconds[key] += took
+            self.elements[key] += elements
+        return out
+
+
+def hot_lines(counter: LineKernels, phase: str, updates: int, top: int = 5) -> list[dict[str, Any]]:
+    """The ``phase``'s lines with the most kernels and op time: ``[{where, kernels, kernel_share, time_share,
+    kernels_per_update, mean_elements}]``, most kernels first (then the lines with most time not among them)."""
+    kernels = {w: n for (p, w), n in counter.kernels.items() if p == phase}
+    seconds = {w: s for (p, w), s in counter.seconds.items() if p == phase}
+    total_k, total_s = sum(kernels.values()) or 1, sum(seconds.values()) or 1e-12
+    by_kernels = sorted(kernels, key=lambda w: -kernels[w])[:top]
+    by_time = [w for w in sorted(seconds, key=lambda w: -seconds[w])[:top] if w not in by_kernels][:2]
+    return [{"where": w, "kernels": kernels[w], "kernel_share": 100.0 * kernels[w] / total_k,
+             "time_share": 100.0 * seconds.get(w, 0.0) / total_s,
+             "kernels_per_update": kernels[w] / max(1, updates),
+             "mean_elements": counter.elements[(phase, w)] / max(1, kernels[w])} for w in by_kernels + by_time]
+
+
+def batch_loops(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hot lines inside a Python ``for`` loop that launch many small kernels per update: ``[{loop, where,
+    kernels_per_update, kernel_share}]`` at the loop's own line."""
+    found: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        if line["kernels_per_update"] < LOOP_KERNELS_PER_UPDATE or line["mean_elements"] > SMALL_OP_ELEMENTS:
+            continue
+        path, _, number = line["where"].rpartition(":")
+        loop = _enclosing_for(path, int(number)) if number.isdigit() else None
+        if loop is None:
+            continue
+        where = f"{path}:{loop}"
+        entry = found.setdefault(where, {"loop": where, "lines": [], "kernels_per_update": 0.0, "kernel_share": 0.0})
+        entry["lines"].append(line["where"])
+        entry["kernels_per_update"] += line["kernels_per_update"]
+        entry["kernel_share"] += line["kernel_share"]
+    return sorted(found.values(), key=lambda e: -e["kernels_per_update"])
+
+
+def _enclosing_for(path: str, line: int) -> int | None:
+    """The line of the innermost ``for`` statement (or comprehension) of ``path`` whose body holds ``line``."""
+    best = None
+    for start, end in _for_spans(path):
+        if start <= line <= end and (best is None or start >= best[0]):
+            best = (start, end)
+    return best[0] if best else None
+
+
+@functools.lru_cache(maxsize=64)
+def _for_spans(path: str) -> tuple[tuple[int, int], ...]:
+    source = "".join(linecache.getlines(path))
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ()
+    kinds = (ast.For, ast.AsyncFor, ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)
+    return tuple((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree) if isinstance(node, kinds))
