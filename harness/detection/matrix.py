@@ -84,7 +84,9 @@ class State:
         self.save()
 
     def has(self, gate: str, plant: str, run: int) -> bool:
-        return f"{gate}|{plant}|{run}" in self.cells
+        """Measured with a verdict (a cell that failed to run is measured again)."""
+        cell = self.cells.get(f"{gate}|{plant}|{run}")
+        return cell is not None and cell.get("outcome") != gates.FAILED
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -113,6 +115,7 @@ def _asv_config(clone: Path, workdir: Path, run: int) -> Path:
     config["env_dir"] = str(workdir / "asv-env")
     config["html_dir"] = str(workdir / "asv-html")
     config["repo"] = str(clone)
+    config["benchmark_dir"] = str(clone / config.get("benchmark_dir", "benchmarks"))
     path = workdir / f"asv-{run}.conf.json"
     path.write_text(json.dumps(config, indent=1), encoding="utf-8")
     return path
