@@ -53,7 +53,7 @@ GATE_OUT ?=
 GATE_BASE_ARGS ?= --steps 2048 --repeats 3 --set run.warmup_steps=1024 --rounds 9 --max-slowdown 10
 GATE_BASE_OUT ?=
 
-.PHONY: install bench test test-slow test-all asv-machine asv-check asv-quick asv-continuous asv-counts asv-report asv-publish gate gate-base clean
+.PHONY: install bench test test-slow test-all asv-machine asv-check asv-quick asv-continuous asv-counts asv-report asv-publish gate gate-base reference-effects clean
 
 install: $(STAMP)
 
@@ -136,6 +136,17 @@ gate: install
 gate-base: install
 	OMP_NUM_THREADS=1 $(BIN)/rlgauge gate --base $(BASE) --run $(GATE_PRESET) $(GATE_BASE_ARGS) \
 		$(if $(GATE_BASE_OUT),--out $(GATE_BASE_OUT))
+
+# The reference figures diagnose quotes (harness/diagnosis/reference_effects.json): ablate on the shipped CPU
+# presets from a clean commit, on a quiet machine. Both write to a copy, so the second measures a clean tree too;
+# an entry of a busy machine or of uncommitted code is kept in the file but never quoted (docs/analysis.md).
+REFERENCE_EFFECTS ?= harness/diagnosis/reference_effects.json
+reference-effects: install
+	@git diff --quiet HEAD || { echo "reference-effects: uncommitted changes; measure a clean commit (diagnose never quotes an entry of uncommitted code)" >&2; exit 2; }
+	@work=$$(mktemp -d) && cp $(REFERENCE_EFFECTS) $$work/effects.json && \
+	$(BIN)/rlgauge ablate ppo-cartpole --device cpu --repeats 15 --effects $$work/effects.json && \
+	$(BIN)/rlgauge ablate dqn-cartpole --device cpu --repeats 15 --effects $$work/effects.json && \
+	cp $$work/effects.json $(REFERENCE_EFFECTS) && rm -rf $$work
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info .asv

@@ -84,13 +84,33 @@ def test_figures_of_other_dates_or_machines_each_say_theirs(tmp_path: Path) -> N
     assert line.endswith("; on ppo-cartpole: 1.50x [1.50-1.50]; measured 2026-01-02 on a 2-core Intel Xeon (x86-64) CPU")
 
 
-def test_an_untrustworthy_measurement_says_so(tmp_path: Path) -> None:
+def test_an_untrustworthy_measurement_is_kept_and_never_quoted(tmp_path: Path) -> None:
     path = tmp_path / "effects.json"
     record_effects(path, entries_from_ablation(_ablation(untrustworthy=["other processes took 40% of the cores"]), []))
     line = effect_of("batch_inference", "cpu", path)
-    assert "1.50x [1.50-1.50], untrustworthy; measured" in line
-    assert line.endswith("; untrustworthy: other processes took 40% of the cores")
+    assert line.startswith("no reference figure: rlgauge's measurement of batch_inference on a cpu device was not "
+                           "trustworthy or not from a clean commit") and "1.50x" not in line
+    assert effects_for("batch_inference", "cpu", path) == []
     assert read_effects(path)[0].reasons == ["other processes took 40% of the cores"]
+
+
+def test_a_measurement_of_uncommitted_code_is_never_quoted(tmp_path: Path) -> None:
+    path = tmp_path / "effects.json"
+    entries = [entry.model_copy(update={"dirty": True}) for entry in entries_from_ablation(_ablation(), [])]
+    record_effects(path, entries)
+    assert effect_of("batch_inference", "cpu", path).startswith("no reference figure")
+
+
+def test_every_figure_diagnose_quotes_from_the_shipped_file_is_trustworthy_and_clean() -> None:
+    """The shipped data file: whatever diagnose would quote from it was measured trustworthy from a clean commit."""
+    from harness.diagnosis.reference_effects import DEFAULT_PATH, quotable
+
+    entries = read_effects(DEFAULT_PATH)
+    for flag in {e.flag for e in entries}:
+        for device in ("cpu", "cuda", "mps"):
+            for quoted in effects_for(flag, device, DEFAULT_PATH):
+                assert quoted["trustworthy"] is True and quoted["dirty"] is False, quoted
+    assert all(e.trustworthy and not e.dirty for e in quotable(entries))
 
 
 def test_no_figure_is_a_plain_statement(tmp_path: Path) -> None:
@@ -141,7 +161,9 @@ def test_the_packaged_file_is_found_in_the_package_not_in_docs() -> None:
     entries = read_effects()  # the default path
     assert {(e.preset, e.device) for e in entries} >= {("ppo-cartpole", "cpu"), ("dqn-cartpole", "cpu")}
     assert all(e.settings == [] for e in entries)  # the shipped presets as shipped, not a tiny run
-    assert effect_of("batch_inference", "cpu").startswith("reference trainers' figures (not yours): batch_inference")
+    quoted = ref.quotable(ref.matching("batch_inference", "cpu", entries))
+    assert effect_of("batch_inference", "cpu").startswith(
+        "reference trainers' figure" if quoted else "no reference figure: rlgauge's measurement of batch_inference")
 
 
 def test_vectorization_is_matched_by_its_short_name(tmp_path: Path) -> None:
@@ -187,6 +209,12 @@ def test_ablate_effects_on_a_tiny_run_writes_an_entry(capsys: pytest.CaptureFixt
     assert "model.hidden_sizes=[16,16]" in entry.settings and "device=cpu" not in entry.settings
     assert entry.alone is not None and entry.alone.bracket == "range" and entry.alone.n == 1
     line = effect_of("batch_inference", "cpu", path)
+    if not ref.quotable([entry]):  # this checkout has uncommitted changes, or the machine was busy: kept, not quoted
+        assert line.startswith("no reference figure: rlgauge's measurement of batch_inference")
+        entry = entry.model_copy(update={"trustworthy": True, "dirty": False})
+        path.unlink()
+        record_effects(path, [entry])
+        line = effect_of("batch_inference", "cpu", path)
     assert line.startswith("reference trainers' figure (not yours): batch_inference (False -> True) alone on "
                            "ppo-cartpole (with env.num_envs=2, ") and "(range " in line and "over 1 repeats)" in line
 

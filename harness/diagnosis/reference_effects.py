@@ -196,11 +196,17 @@ def matching(flag: str, device: str, entries: list[ReferenceEffect]) -> list[Ref
     return found
 
 
+def quotable(entries: list[ReferenceEffect]) -> list[ReferenceEffect]:
+    """The entries a user is shown: measured trustworthy (no other load, repeats that agree) from a clean commit.
+    A figure from a busy machine or from uncommitted code is kept in the file, never quoted."""
+    return [e for e in entries if e.trustworthy and not e.dirty]
+
+
 def effects_for(flag: str | None, device: str, path: Path | None = None) -> list[dict[str, Any]]:
     """The entries ``effect_of`` quotes, as JSON-ready dicts (the file's own keys); [] for none."""
     if flag is None:
         return []
-    return [e.model_dump(mode="json", by_alias=True) for e in matching(flag, device, read_effects(path))]
+    return [e.model_dump(mode="json", by_alias=True) for e in quotable(matching(flag, device, read_effects(path)))]
 
 
 def effect_of(flag: str | None, device: str, path: Path | None = None) -> str:
@@ -208,8 +214,12 @@ def effect_of(flag: str | None, device: str, path: Path | None = None) -> str:
     or a plain statement that there is none."""
     if flag is None:
         return "no speed figure: rlgauge has no flag for this to measure on its trainers"
-    found = matching(flag, device, read_effects(path))
+    measured = matching(flag, device, read_effects(path))
+    found = quotable(measured)
     if not found:
+        if measured:
+            return (f"no reference figure: rlgauge's measurement of {flag} on a {device_kind(device)} device was not "
+                    "trustworthy or not from a clean commit (make reference-effects on a quiet machine refreshes it)")
         return f"no reference figure: rlgauge has not measured {flag} on a {device_kind(device)} device"
     first = found[0]
     parts = [f"{first.flag} ({first.change.text()}) {first.figure()}"]
@@ -219,9 +229,6 @@ def effect_of(flag: str | None, device: str, path: Path | None = None) -> str:
         change = f" ({entry.change.text()})" if entry.change != first.change else ""
         parts.append(entry.figure(say_alone=first.alone is None, change=change))
     parts.append(found[-1].provenance())
-    doubtful = [e for e in found if not e.trustworthy]
-    if doubtful:
-        parts.append(f"untrustworthy: {doubtful[0].why_untrustworthy()}")
     label = LABEL if len(found) == 1 else LABEL.replace("figure", "figures")
     return f"{label}: " + "; ".join(parts)
 
