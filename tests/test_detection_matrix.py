@@ -1,0 +1,162 @@
+"""``rlgauge detection-matrix``: the plants apply to this tree (or fail naming themselves), a dirty tree or a folder
+without history is refused, asv's comparison is read row by row, and the table says what is missing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.detection import gates, matrix
+from harness.detection.plants import PLANTS, PlantDoesNotApply
+from harness.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _copy_of_the_trainers(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "reference_trainers", tmp_path / "reference_trainers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", [name for name in PLANTS if name != "aa"])
+def test_every_plant_applies_to_this_tree_and_its_package_still_imports(tmp_path: Path, name: str) -> None:
+    root = _copy_of_the_trainers(tmp_path)
+    before = {p: p.read_text(encoding="utf-8") for p in (root / "reference_trainers").rglob("*.py")}
+    PLANTS[name].apply(root)
+    after = {p: p.read_text(encoding="utf-8") for p in (root / "reference_trainers").rglob("*.py")}
+    assert after != before  # it changed the code
+    done = subprocess.run([sys.executable, "-c", "import reference_trainers"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_host_sync_plant_adds_one_sync_per_selection(tmp_path: Path) -> None:
+    root = _copy_of_the_trainers(tmp_path)
+    PLANTS["host_sync"].apply(root)
+    script = ("import sys, torch; sys.path.insert(0, sys.argv[1]); "
+              "from benchmarks.cost_instrument import count_costs; from benchmarks import common; "
+              "t = common.build('dqn-cartpole', 'optimized', 'cpu'); "
+              "obs = common.observations('CartPole-v1', t.num_envs); t.select_actions(obs); "
+              "print(count_costs(lambda: [t.select_actions(obs) for _ in range(8)] and 8, torch.device('cpu'))"
+              "['host_syncs'])")
+    plain = subprocess.run([sys.executable, "-c", script, str(ROOT)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    planted = subprocess.run([sys.executable, "-c", script.replace("sys.path.insert(0, sys.argv[1])",
+                                                                   "sys.path.insert(0, sys.argv[1]); "
+                                                                   "sys.path.insert(0, sys.argv[2])"),
+                              str(ROOT), str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and planted.returncode == 0, (plain.stderr + planted.stderr)[-2000:]
+    assert float(planted.stdout.split()[-1]) - float(plain.stdout.split()[-1]) == pytest.approx(1.0)
+
+
+def test_a_plant_whose_code_moved_fails_naming_itself(tmp_path: Path) -> None:
+    root = tmp_path
+    (root / "reference_trainers").mkdir()
+    (root / "reference_trainers" / "__init__.py").write_text("x = 1\n", encoding="utf-8")
+    with pytest.raises(PlantDoesNotApply, match="no longer provides build_trainer"):
+        PLANTS["busy_thread"].apply(root)
+    with pytest.raises(PlantDoesNotApply, match="learner.py"):
+        PLANTS["flag_noop"].apply(root)
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    (repo / "reference_trainers").mkdir()
+    (repo / "reference_trainers" / "__init__.py").write_text("def build_trainer():\n    pass\n", encoding="utf-8")
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "base"], cwd=repo, check=True)
+    return repo
+
+
+def test_plant_commits_are_made_on_top_of_the_base_and_a_moved_plant_is_one_line(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    base = matrix.check_repository(repo)
+    commits = matrix.plant_commits(repo, base, ["aa", "busy_thread"])
+    assert set(commits) == {"aa", "busy_thread"} and len(set(commits.values())) == 2
+    parent = subprocess.run(["git", "rev-parse", f"{commits['busy_thread']}~1"], cwd=repo, capture_output=True,
+                            text=True).stdout.strip()
+    assert parent == base
+    with pytest.raises(UserError, match="^plant flag_noop does not apply: reference_trainers/paths/learner.py"):
+        matrix.plant_commits(repo, base, ["flag_noop"])
+
+
+def test_a_dirty_tree_or_a_folder_without_history_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _repo(tmp_path)
+    (repo / "reference_trainers" / "__init__.py").write_text("changed = True\n", encoding="utf-8")
+    with pytest.raises(UserError, match="uncommitted changes"):
+        matrix.check_repository(repo)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    monkeypatch.chdir(plain)
+    assert main(["detection-matrix", "--runs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no git history here" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_plants_or_gates_are_refused_with_what_is_accepted(capsys: pytest.CaptureFixture) -> None:
+    assert main(["detection-matrix", "--plants", "nope"]) == 2
+    assert "--plants: unknown nope; accepted: aa, same_thread_10" in capsys.readouterr().err
+    assert main(["detection-matrix", "--gates", "gate,nope"]) == 2
+    assert "--gates: unknown nope; accepted: gate, gate-base" in capsys.readouterr().err
+
+
+ASV_COMPARE = """
+| Change   | Before [aaaa0000]   | After [bbbb1111]   |   Ratio | Benchmark (Parameter)                                                              |
+|----------|---------------------|--------------------|---------|------------------------------------------------------------------------------------|
+| +        | 1.33                | 2.33               |    1.75 | bench_counts.CostCounts.track_acting_host_syncs_per_selection('ppo-cartpole', 'optimized', 'cpu') |
+|          | 2.61                | 2.62               |    1    | bench_relative.RelativeCost.track_training_cost('ppo-cartpole', 'baseline', 'cpu') |
+| -        | 10                  | 5                  |    0.5  | bench_counts.CostCounts.track_aten_ops_per_env_step('dqn-cartpole', 'optimized', 'cpu') |
+"""
+
+
+def test_asv_compare_rows_are_read_with_their_mark_ratio_and_name() -> None:
+    rows = gates._compare_rows(ASV_COMPARE)
+    assert [(mark, ratio) for mark, ratio, _ in rows] == [("+", "1.75"), ("", "1"), ("-", "0.5")]
+    assert rows[0][2].startswith("bench_counts.CostCounts.track_acting_host_syncs_per_selection(")
+
+
+def _state(tmp_path: Path, cells: dict[str, str], runs: int = 2) -> matrix.State:
+    state = matrix.State(tmp_path / "state.json", "f" * 40)
+    state.data.update(plants=["aa", "host_sync"], gates=[gates.ASV_COUNT, gates.PLUGIN], runs=runs, busy=0)
+    for key, outcome in cells.items():
+        gate, plant, run = key.split("|")
+        state.put(gate, plant, int(run), gates.Verdict(outcome, "", 1.0))
+    return state
+
+
+def test_the_table_counts_caught_k_of_n_and_names_what_is_missing(tmp_path: Path) -> None:
+    state = _state(tmp_path, {f"{gates.ASV_COUNT}|host_sync|1": gates.CAUGHT, f"{gates.ASV_COUNT}|host_sync|2": gates.CAUGHT,
+                              f"{gates.ASV_COUNT}|aa|1": gates.MISSED, f"{gates.PLUGIN}|aa|1": gates.NO_VERDICT})
+    text = matrix.table(matrix.State(tmp_path / "state.json", "f" * 40))  # read back from the saved file
+    rows = {line.split("|")[1].strip().split(":")[0]: [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| aa") or line.startswith("| host_sync")}
+    assert rows["host_sync"] == ["2/2", "missing", "2/2"]
+    assert rows["aa"] == ["0/1 (1 missing)", "0/1 (1 no verdict, 1 missing)", "0/1"]
+    assert "Missing: 4 cells" in text and state.has(gates.ASV_COUNT, "aa", 1)
+
+
+def test_a_cell_that_failed_to_run_is_measured_again(tmp_path: Path) -> None:
+    state = _state(tmp_path, {f"{gates.ASV_COUNT}|aa|1": gates.FAILED})
+    assert not state.has(gates.ASV_COUNT, "aa", 1)
+    assert "0/0" not in matrix.table(state)
+
+
+def test_the_doc_table_is_replaced_between_its_markers(tmp_path: Path) -> None:
+    doc = tmp_path / "tracking.md"
+    doc.write_text(f"before\n{matrix.DOC_START}\nold\n{matrix.DOC_END}\nafter\n", encoding="utf-8")
+    matrix.write_doc(doc, "new table\n")
+    assert doc.read_text(encoding="utf-8") == f"before\n{matrix.DOC_START}\nnew table\n{matrix.DOC_END}\nafter\n"
+    (tmp_path / "other.md").write_text("no markers\n", encoding="utf-8")
+    with pytest.raises(UserError, match="needs the markers"):
+        matrix.write_doc(tmp_path / "other.md", "x")
+    assert matrix.DOC_START in (ROOT / "docs" / "tracking.md").read_text(encoding="utf-8")
