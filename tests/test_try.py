@@ -88,8 +88,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a fixture
     folder = tmp_path_factory.mktemp("try-tiny")
     shutil.copy(TESTS / "try_trainer.py", folder / "try_tiny.py")
     (folder / "tiny.yaml").write_text(TINY_YAML)
-    code, data = _try(str(folder / "tiny.yaml"), *FAST, "--rounds", "2", "--repeats", "3",
-                      "--only", "no_change,no_validate_args,validate_args_off")
+    code, data = _try(str(folder / "tiny.yaml"), *FAST, "--rounds", "3", "--repeats", "2",
+                      "--only", "no_validate_args,validate_args_off")  # and the A/A arm, in every try
     yield SimpleNamespace(code=code, data=data, folder=folder)
     if data.get("workdir"):
         shutil.rmtree(data["workdir"], ignore_errors=True)
@@ -98,10 +98,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a fixture
 def test_a_change_equal_to_the_unchanged_trainer_reports_no_effect_and_identical_maths(tiny: SimpleNamespace) -> None:
     same = _trial(tiny.data, "no_change")
     assert same["parity"]["class"] == "identical" and same["parity"]["max_rel_diff"] == 0.0
-    assert same["ratio"]["pairs"] == 6 and same["ratio"]["low"] <= same["ratio"]["median"] <= same["ratio"]["high"]
+    assert same["ratio"]["pairs"] == 6 and same["ratio"]["rounds"] == 3
+    assert same["ratio"]["low"] <= same["ratio"]["median"] <= same["ratio"]["high"]
     verdict = same["verdict"]
     if verdict in ("faster", "slower"):  # a 95 % interval misses 1 in 20 A/A tries: confirmed by a second one
-        _, again = _try(str(tiny.folder / "tiny.yaml"), *FAST, "--rounds", "2", "--repeats", "3", "--only",
+        _, again = _try(str(tiny.folder / "tiny.yaml"), *FAST, "--rounds", "3", "--repeats", "2", "--only",
                         "no_change")
         verdict = _trial(again, "no_change")["verdict"]
     assert verdict.startswith("no effect it could resolve at ±"), verdict
@@ -141,7 +142,7 @@ def test_autocast_on_cpu_changes_the_maths_and_stays_out_of_the_combination(plan
     assert planted.code == 0, planted.data
     trial = _trial(planted.data, "autocast_bf16")
     assert trial["parity"]["class"] == "changes the maths" and trial["parity"]["max_rel_diff"] > 1e-4
-    assert trial["verdict"] == "no verdict: 2 pairs (needs 3)"
+    assert trial["verdict"] == "no verdict: 2 rounds (needs 3)"
     assert planted.data["combined"]["changes"] == []  # (with verdicts: test_the_combination_takes_...)
 
 
@@ -262,7 +263,7 @@ class FakeServed:
 
 
 def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: dict[str, float],
-             stop_at: int | None = None, float64: dict[str, int] | None = None) -> session.TryReport:
+             stop_at: int | None = None, float64: dict[str, int] | None = None, rounds: int = 3) -> session.TryReport:
     made: list[FakeRunner] = []
 
     def runner(target: Target, workdir: Path) -> FakeRunner:
@@ -273,7 +274,8 @@ def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: d
     found = {"device": "cpu", "recommendations": [], "host_syncs": [], "float64": []}
     chosen = candidates(found, ["no_change", "threads_1", "no_validate_args", "autocast_bf16"])
     target = Target("x.yaml", None, None, "baseline", [], [])
-    return session.run_try(target, "x.yaml", "cpu", chosen, (None, "make_trainer"), 2, 3, lambda _t: None, cycles=2)
+    return session.run_try(target, "x.yaml", "cpu", chosen, (None, "make_trainer"), rounds, 3, lambda _t: None,
+                           cycles=2)
 
 
 def test_the_combination_takes_the_faster_changes_that_keep_the_maths(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,7 +287,7 @@ def test_the_combination_takes_the_faster_changes_that_keep_the_maths(monkeypatc
     assert verdicts["no_change"][0].startswith("no effect it could resolve")
     assert report.combined_changes == ["threads_1", "no_validate_args"]
     assert report.combined is not None and report.combined.verdict == "faster"
-    assert report.combined.effect.pairs == 4  # 2 rounds of 2 turns
+    assert report.combined.effect.pairs == 6 and report.combined.ratio.n == 3  # 3 rounds of 2 turns
 
 
 def test_a_change_rid_of_the_float64_ops_joins_the_combination_unless_it_is_slower(
@@ -356,6 +358,56 @@ def test_patch_is_written_only_for_a_checked_combination(monkeypatch: pytest.Mon
         assert out.exists() == bool(patch) and "Traceback" not in err
 
 
+def test_the_measurement_stops_early_once_every_change_is_decisive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After 3 rounds every change but the A/A arm (a check, exempt) is clearly faster: rounds 4 and 5 are skipped;
+    one change without an effect keeps all 5."""
+    clear = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "autocast_bf16": 0.7}, {}, rounds=5)
+    assert clear.rounds_run == 3 and all(t.ratio.n == 3 for t in clear.trials)
+    unclear = _session(monkeypatch, {"threads_1": 1.3, "autocast_bf16": 0.7}, {}, rounds=5)
+    assert unclear.rounds_run == 5 and all(t.ratio.n == 5 for t in unclear.trials)
+
+
+def test_the_a_a_arm_is_in_every_try_and_never_in_the_combination(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.trials import report as report_module
+
+    found = {"device": "cpu", "recommendations": [], "host_syncs": [], "float64": []}
+    assert [c.change.name for c in candidates(found, ["threads_1"])] == ["no_change", "threads_1"]
+    assert "no_change" in [c.change.name for c in candidates(found, None)]
+    lucky = _session(monkeypatch, {"no_change": 1.2, "threads_1": 1.3}, {})  # an A/A arm read "faster" by chance
+    assert next(t for t in lucky.trials if t.name == "no_change").verdict == "faster"
+    assert "no_change" not in lucky.combined_changes
+    table = report_module.table(lucky)
+    assert "| no_change (A/A: noise floor) | runtime |" in table
+    assert "Noise floor (the A/A arm, the unchanged trainer against itself): 1.2" in table
+    assert "It reads faster: this machine's noise exceeded the intervals" in table
+
+
+def test_the_round_is_the_unit_so_intervals_cover_a_planted_effect() -> None:
+    """Simulated tries of a change planted 10 % slower: each fresh process adds its own offset (3 %) that every pair
+    of its round shares, slices add 1 %. One value per round keeps the interval's coverage near 95 %; pairs taken
+    as independent draws would claim a precision the rounds do not have."""
+    import math
+
+    import numpy as np
+
+    from harness.stats.intervals import paired_t_ratio
+    from harness.trials.rounds import Effect
+
+    rng = np.random.default_rng(11)
+    covered_rounds = covered_pairs = 0
+    tries = 400
+    for _ in range(tries):
+        offsets = rng.normal(0.0, 0.03, size=5)
+        logs = [math.log(0.9) + offsets[r] + rng.normal(0.0, 0.01) for r in range(5) for _ in range(4)]
+        effect = Effect(unchanged=[1.0] * 20, changed=[math.exp(v) for v in logs], round_of=[r for r in range(5)
+                                                                                             for _ in range(4)])
+        by_round, by_pair = effect.ratio(), paired_t_ratio(effect.unchanged, effect.changed)
+        assert by_round.n == 5 and by_pair.n == 20
+        covered_rounds += by_round.low <= 0.9 <= by_round.high
+        covered_pairs += by_pair.low <= 0.9 <= by_pair.high
+    assert covered_rounds / tries >= 0.92 and covered_pairs / tries < 0.75
+
+
 def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 + 4 parity runs, a timed call and a first unchanged slice, then (changed, unchanged) slices for 4 arms a
     # turn: stopping at call 18 leaves the first turn finished and the second's first arm unfinished
@@ -411,7 +463,7 @@ def test_the_verdict_rests_on_wall_time_and_the_cpu_time_ratio_is_reported_besid
     from harness.trials.rounds import Effect
 
     loaded = Effect(unchanged=[100.0, 60.0, 130.0], changed=[90.0, 150.0, 70.0],
-                    unchanged_cpu=[2.0, 2.1, 1.9], changed_cpu=[1.0, 1.05, 0.95])
+                    unchanged_cpu=[2.0, 2.1, 1.9], changed_cpu=[1.0, 1.05, 0.95], round_of=[0, 1, 2])
     assert loaded.cpu_ratio().value == pytest.approx(2.0, rel=0.01)
     from harness.trials.catalogue import CHANGES
     from harness.trials.session import Trial
@@ -426,11 +478,11 @@ def test_a_pair_divides_the_changed_slice_by_the_unchanged_slices_around_it() ->
     from harness.trials.rounds import Effect
 
     effect = Effect()
-    for slowdown in (1.0, 1.5, 2.0, 2.5):  # each pair's slices at slowdown, slowdown + 0.25, slowdown + 0.5
+    for index, slowdown in enumerate((1.0, 1.5, 2.0, 2.5)):  # each pair's slices: slowdown, + 0.25, + 0.5
         before = {"env_steps": 1000, "wall": 1.0 * slowdown, "cpu": 1.0}
         changed = {"env_steps": 1000, "wall": 0.8 * (slowdown + 0.25), "cpu": 0.8}  # a 1.25x faster change
         after = {"env_steps": 1000, "wall": 1.0 * (slowdown + 0.5), "cpu": 1.0}
-        effect.add_pair(before, changed, after)
+        effect.add_pair(before, changed, after, round_index=index)  # a pair a round
     ratio = effect.ratio()
     assert ratio.n == 4 and ratio.value == pytest.approx(1.25, rel=0.03) and ratio.high - ratio.low < 0.1
     assert effect.disturbed == 1 and effect.trustworthy  # only 1.0 -> 1.5 moved by more than 25 %

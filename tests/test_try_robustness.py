@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.cli.app import main
-from harness.trials.arms import ServedArm
+from harness.trials.arms import ServedArm, Silence
 
 TESTS = Path(__file__).resolve().parent
 HANGING_YAML = """\
@@ -32,11 +32,11 @@ def _one_thread_in_the_arms(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_served_arm_that_stops_answering_fails_with_one_line_and_is_stopped(tmp_path: Path) -> None:
     """A process that says it is ready and then never answers a slice."""
     silent = "import sys, time; print('{\"ready\": true}', flush=True); time.sleep(600)"
-    arm = ServedArm([sys.executable, "-c", silent], tmp_path / "arm.log", timeout_s=5.0)
+    arm = ServedArm([sys.executable, "-c", silent], tmp_path / "arm.log", Silence(None, 5.0))
     try:
         assert arm.ready() == {"ready": True}
         answer = arm.slice(100)
-        assert answer == {"error": "timed out: no answer within 5 s (--timeout); the arm's process was stopped"}
+        assert answer == {"error": "timed out: no progress for 5 s (--timeout); the arm's process was stopped"}
         assert arm.process.poll() is not None  # stopped, not left behind
         assert arm.slice(100) == answer  # a failed arm keeps its cause
     finally:
@@ -58,12 +58,12 @@ def test_a_hung_arm_fails_alone_after_the_timeout_and_the_work_folder_is_kept(
         trials = {t["change"]: t for t in data["trials"]}
         assert code == 1
         hung = trials["no_validate_args"]
-        assert hung["verdict"] == "failed: timed out: no answer within 20 s (--timeout); the arm's process was stopped"
+        assert hung["verdict"] == "failed: timed out: no progress for 20 s (--timeout); the arm's process was stopped"
         assert hung["ratio"] is None and Path(hung["log"]).parent == Path(data["workdir"])
-        assert trials["no_change"]["error"] is None and trials["no_change"]["ratio"]["pairs"] == 2
+        assert trials["no_change"]["error"] is None and trials["no_change"]["ratio"]["pairs"] == 2, trials["no_change"]
         assert Path(data["workdir"]).is_dir() and Path(hung["log"]).is_file()
         assert err == [f"rlgauge: work folder kept (requests and logs of what failed): {data['workdir']}",
-                       f"rlgauge: no_validate_args failed: timed out: no answer within 20 s (--timeout); the arm's "
+                       f"rlgauge: no_validate_args failed: timed out: no progress for 20 s (--timeout); the arm's "
                        f"process was stopped (log: {hung['log']})"]
     finally:
         if data.get("workdir"):

@@ -25,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from harness.trials.arms import DEFAULT_TIMEOUT_S
     from harness.trials.catalogue import accepted
     from harness.trials.parity import DEFAULT_ITERATIONS
-    from harness.trials.rounds import DEFAULT_ROUNDS
+    from harness.trials.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
+    from harness.trials.slices import CYCLES
 
     parser = sub.add_parser("try", help="try the changes a diagnosis points to on your own trainer, without editing "
                             "it: each measured against it in alternating slices, with what it does to the maths",
@@ -48,18 +49,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--only", metavar="a,b,...", help=f"only these changes, whatever the diagnosis found "
                         f"(accepted: {accepted()})")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                        help="rounds of fresh processes, one per arm kept alive while the arms take turns in short "
-                             f"slices (default: {DEFAULT_ROUNDS})")
+                        help="at most this many rounds of fresh processes, one per arm kept alive while the arms take "
+                             "turns in short slices; the round is the statistical unit (a verdict needs "
+                             f"{MIN_ROUNDS}), and the try stops after {MIN_ROUNDS} or more once every change's "
+                             f"interval is decisive (default: {DEFAULT_ROUNDS})")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                        help="the longest an arm's process may take to answer (its start: build, warm-up and checks; "
-                             "a parity run; one slice); past it the process is stopped and that arm fails with one "
+                        help="the longest an arm's process may go without progress (a finished iterate() call, a step "
+                             "of its start, an answer); past it the process is stopped and that arm fails with one "
                              f"line, the others go on (default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--parity-iterations", type=int, default=DEFAULT_ITERATIONS,
                         help="iterate() calls, and at least as many optimizer steps, before the parameters are "
                              f"compared (default: {DEFAULT_ITERATIONS})")
     run_options(parser, steps_default="the file's run.steps; the diagnosis: 4096",
-                repeats_default="8 turns of every arm per round, each a slice of about 0.25 s between two "
-                                "of the unchanged trainer")
+                repeats_default=f"{CYCLES} turns of every arm per round, each a slice of about 0.25 s between "
+                                "two of the unchanged trainer")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--patch", type=Path, metavar="OUT.diff",
                         help="write the combination's changes as one unified diff (cd MODULE_FOLDER && "

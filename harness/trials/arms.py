@@ -11,6 +11,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ import harness
 
 HARNESS_ROOT = str(Path(harness.__file__).resolve().parents[1])
 DEFAULT_TIMEOUT_S = 600.0
-"""The longest an arm's process may take to answer (``--timeout``): its start (build, warm-up, checks), a parity
-run, or one slice."""
+"""The longest an arm's process may go without progress (``--timeout``): a finished ``iterate()`` call, a step of
+its start (imports, the trainer built) or an answer; longer, and it is taken for hung."""
+POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Target:
     """That cap: the cores other processes left free when the try began on the machine it runs on (``session``
     decides it once, before any arm of its own runs); None: torch's default."""
     timeout_s: float = DEFAULT_TIMEOUT_S
-    """The longest any answer of an arm's process may take; past it the process is stopped and the arm fails."""
+    """The longest an arm's process may go without progress; past it the process is stopped and the arm fails."""
 
 
 @dataclass
@@ -70,7 +72,8 @@ class ArmRunner:
                    "overrides": self.target.overrides, "sys_path": self.target.sys_path,
                    "changes": list(arm.runtime), "patched_dir": str(arm.patched_dir) if arm.patched_dir else None,
                    "threads_cap": self.target.threads_cap,
-                   "iterations": iterations, "params_out": str(stem.with_suffix(".pt")), "out": str(out)}
+                   "iterations": iterations, "params_out": str(stem.with_suffix(".pt")), "out": str(out),
+                   "heartbeat": str(stem.with_suffix(".alive"))}
         path = stem.with_suffix(".request.json")
         path.write_text(json.dumps(request), encoding="utf-8")
         return path, out, log, request
@@ -80,14 +83,15 @@ class ArmRunner:
         path, out, log, request = self._request(arm, mode, iterations)
         with open(log, "wb") as sink:
             process = subprocess.Popen(child_command(path), stdout=sink, stderr=subprocess.STDOUT, env=_child_env())
+            silence = Silence(Path(request["heartbeat"]), self.target.timeout_s)
             try:
-                code = process.wait(timeout=self.target.timeout_s)
-            except subprocess.TimeoutExpired:
-                stop(process)
-                return {"error": timed_out(self.target.timeout_s), "params": request["params_out"], "log": str(log)}
+                code = _wait(process, silence)
             except KeyboardInterrupt:  # the child got the same Ctrl-C: a moment to end, then stopped
                 stop(process, grace_s=0.25)
                 raise
+            if code is None:
+                stop(process)
+                return {"error": timed_out(self.target.timeout_s), "params": request["params_out"], "log": str(log)}
         if code == 130 or code == -2:
             raise KeyboardInterrupt
         try:
@@ -100,8 +104,8 @@ class ArmRunner:
 
     def serve(self, arm: Arm) -> ServedArm:
         """The arm's process started: it builds the trainer and warms it up while the parent goes on."""
-        path, _out, log, _request = self._request(arm, "serve")
-        return ServedArm(child_command(path), log, self.target.timeout_s)
+        path, _out, log, request = self._request(arm, "serve")
+        return ServedArm(child_command(path), log, Silence(Path(request["heartbeat"]), self.target.timeout_s))
 
 
 def child_command(request: Path) -> list[str]:
@@ -109,7 +113,36 @@ def child_command(request: Path) -> list[str]:
 
 
 def timed_out(seconds: float) -> str:
-    return f"timed out: no answer within {seconds:g} s (--timeout); the arm's process was stopped"
+    return f"timed out: no progress for {seconds:g} s (--timeout); the arm's process was stopped"
+
+
+class Silence:
+    """How long an arm's process has shown no progress: since it started or was last asked (``reset``), or since
+    its heartbeat file (``child.Heartbeat``) was last touched, whichever is later."""
+
+    def __init__(self, heartbeat: Path | None, limit_s: float) -> None:
+        self.heartbeat, self.limit_s = heartbeat, limit_s
+        self.reset()
+
+    def reset(self) -> None:
+        self._since = time.time()
+
+    def exceeded(self) -> bool:
+        last = self._since
+        if self.heartbeat is not None:
+            with contextlib.suppress(OSError):
+                last = max(last, self.heartbeat.stat().st_mtime)
+        return time.time() - last > self.limit_s
+
+
+def _wait(process: subprocess.Popen, silence: Silence) -> int | None:
+    """The process's exit code, or None once it has been silent too long."""
+    while True:
+        try:
+            return process.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            if silence.exceeded():
+                return None
 
 
 def stop(process: subprocess.Popen, grace_s: float = 0.0) -> None:
@@ -137,11 +170,11 @@ def stop(process: subprocess.Popen, grace_s: float = 0.0) -> None:
 class ServedArm:
     """One arm's live process: ``ready()`` once its warm-up and checks are done, then ``slice(env_steps)`` as often
     as asked (each answer ``{"env_steps", "wall", "cpu"}`` or ``{"error"}``); ``close()`` ends it. Requests and
-    answers are JSON lines on the process's stdin and stdout; whatever the trainer prints goes to the log. An answer
-    that takes longer than ``timeout_s`` stops the process: the arm fails with one line."""
+    answers are JSON lines on the process's stdin and stdout; whatever the trainer prints goes to the log. A process
+    silent for longer than its ``silence`` allows is stopped: the arm fails with one line."""
 
-    def __init__(self, command: list[str], log: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.log, self.timeout_s = log, timeout_s
+    def __init__(self, command: list[str], log: Path, silence: Silence) -> None:
+        self.log, self.silence = log, silence
         self._sink = open(log, "wb")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink,
                                         env=_child_env(), text=True, bufsize=1)
@@ -161,12 +194,15 @@ class ServedArm:
     def _answer(self) -> dict[str, Any]:
         if self.failed is not None:
             return {"error": self.failed}
-        try:
-            line = self._lines.get(timeout=self.timeout_s)
-        except queue.Empty:
-            stop(self.process)
-            self.failed = timed_out(self.timeout_s)
-            return {"error": self.failed}
+        line = None
+        while line is None:
+            try:
+                line = self._lines.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.silence.exceeded():
+                    stop(self.process)
+                    self.failed = timed_out(self.silence.limit_s)
+                    return {"error": self.failed}
         if not line:
             code = self.process.wait()
             if code in (130, -2):
@@ -183,6 +219,7 @@ class ServedArm:
 
     def slice(self, env_steps: int) -> dict[str, Any]:
         if self.failed is None:
+            self.silence.reset()
             try:
                 self.process.stdin.write(json.dumps({"env_steps": env_steps}) + "\n")  # type: ignore[union-attr]
                 self.process.stdin.flush()  # type: ignore[union-attr]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUNTIME, SOURCE = "runtime", "source"
+A_A = "no_change"
+"""The A/A arm: in every try, the machine's noise floor for the trainer; never a member of the combination."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,8 @@ class Change:
 
 
 CHANGES: dict[str, Change] = {c.name: c for c in (
-    Change("no_change", RUNTIME, "nothing: an arm identical to the unchanged one (the A/A check of the noise)",
-           "none"),
+    Change(A_A, RUNTIME, "nothing: an arm identical to the unchanged one (the A/A check: this machine's noise floor "
+           "for this trainer)", "none", always=True),
     Change("threads_1", RUNTIME, "torch.set_num_threads(1) after the factory",
            "the same ops; a CPU reduction may be split differently, so the last bits may differ",
            ("threads",), code=("{torch}.set_num_threads(1)",), always=True),

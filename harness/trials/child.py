@@ -24,6 +24,41 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+class Heartbeat:
+    """The arm's sign of progress: ``beat()`` touches a file (at most every ``EVERY_S``) whose age the parent reads;
+    an arm silent for longer than ``--timeout`` is taken for hung (``arms``)."""
+
+    EVERY_S = 0.5
+
+    def __init__(self, path: str | None) -> None:
+        import time
+
+        self.path, self._clock, self._last = path, time.monotonic, float("-inf")
+        self.beat()
+
+    def beat(self) -> None:
+        now = self._clock()
+        if self.path and now - self._last >= self.EVERY_S:
+            self._last = now
+            Path(self.path).touch()
+
+
+def _start(request: dict[str, Any]) -> Any:
+    """The arm's process made ready for its trainer: heartbeat, import path, threads, process-wide changes; the
+    spec."""
+    from harness.trials import runtime_patches
+
+    beat = Heartbeat(request.get("heartbeat"))
+    runtime_patches.on_progress = beat.beat
+    _arrange_path(request["sys_path"], request.get("patched_dir"))
+    _cap_threads(request)
+    runtime_patches.apply_process_changes(request["changes"])
+    beat.beat()
+    spec = _spec(request)
+    beat.beat()
+    return spec
+
+
 def _arrange_path(search: list[str], patched: str | None) -> None:
     """The parent's import folders (the user's), then the patched copies before all of them."""
     for folder in reversed(search):
@@ -190,12 +225,7 @@ def trainer_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
-    from harness.trials import runtime_patches
-
-    _arrange_path(request["sys_path"], request.get("patched_dir"))
-    _cap_threads(request)
-    runtime_patches.apply_process_changes(request["changes"])
-    spec = _spec(request)
+    spec = _start(request)
     if request["mode"] == "parity":
         answer = _parity(spec, request["iterations"], request["params_out"])
     else:
@@ -217,12 +247,7 @@ def serve_main(request: dict[str, Any]) -> int:
         channel.write(json.dumps(data) + "\n")
 
     try:
-        from harness.trials import runtime_patches
-
-        _arrange_path(request["sys_path"], request.get("patched_dir"))
-        _cap_threads(request)
-        runtime_patches.apply_process_changes(request["changes"])
-        _serve(_spec(request), sys.stdin, answer)
+        _serve(_start(request), sys.stdin, answer)
         return 0
     except KeyboardInterrupt:
         return 130

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.diagnosis.host_syncs import DISTRIBUTION_CHECKS
 from harness.errors import UserError
-from harness.trials.catalogue import CHANGES, Change, accepted
+from harness.trials.catalogue import A_A, CHANGES, Change, accepted
 
 
 @dataclass
@@ -46,12 +46,12 @@ def sites_of(name: str, d: dict[str, Any]) -> list[str]:
 
 def candidates(d: dict[str, Any], only: list[str] | None) -> list[Candidate]:
     """The changes to try, in catalogue order: every change one of whose rules fired in ``d``, and those tried
-    always (threads, autocast) (``only``: those named, whatever fired)."""
+    always (the A/A arm, threads, autocast) (``only``: those named, whatever fired, and the A/A arm)."""
     fired = {r["rule"] for r in d.get("recommendations", [])}
     on_cuda = str(d.get("device", "cpu")).startswith("cuda")
     chosen = []
     for name, change in CHANGES.items():
-        if only is not None and name not in only:
+        if only is not None and name not in only and name != A_A:  # the A/A arm: in every try
             continue
         if only is None and not (change.always or fired & set(change.rules)):
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.diagnosis.frames import short
-from harness.trials.catalogue import CHANGES
+from harness.trials.catalogue import A_A, CHANGES
 from harness.trials.session import Trial, TryReport
 from harness.trials.slices import SLICE_SECONDS
 
@@ -38,13 +38,18 @@ def table(report: TryReport) -> str:
              "| change | kind | where | effect [95% interval] | maths | verdict |", "|---|---|---|---|---|---|"]
     tried = [t for t in report.trials if t.skip is None]
     for trial in tried:
-        lines.append(f"| {trial.name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
+        name = f"{trial.name} (A/A: noise floor)" if trial.name == A_A else trial.name
+        lines.append(f"| {name} | {trial.change.kind} | {_where(trial)} | {_effect(trial)} | {_maths(trial)} | "
                      f"{trial.verdict} |")
-    lines += ["", f"Effect: changed / unchanged env steps/s (wall time), the median over pairs of slices of about "
-              f"{SLICE_SECONDS} s (each changed slice between two of the unchanged trainer; {report.cycles} turns "
-              f"in each of {report.rounds} rounds of fresh processes); "
-              f"maths: the parameters after {report.iterations} iterate() calls (and at "
-              f"least {report.iterations} optimizer steps) from the seed."]
+    ran = report.rounds_run or report.rounds
+    stopped = " (stopped early: every change decisive at 99 %)" if ran < report.rounds else ""
+    lines += ["", f"Effect: changed / unchanged env steps/s (wall time) from slices of about {SLICE_SECONDS} s, each "
+              f"changed slice between two of the unchanged trainer, {report.cycles} turns in each of {ran} of "
+              f"{report.rounds} rounds of fresh processes{stopped}; the round is the unit: each round's geometric "
+              f"mean ratio, their median and a 95 % t interval over rounds (per change: see the A/A arm for this "
+              f"machine's noise). Maths: the parameters, buffers and optimizer state after {report.iterations} "
+              f"iterate() calls (and at least {report.iterations} optimizer steps) from the seed."]
+    lines += _noise_floor(tried)
     if report.threads_cap:
         lines.append(f"Every arm ran with torch's default threads capped to {report.threads_cap}: other processes kept "
                      "the rest of the cores busy when the try began (run.fair_threads, as rlgauge run does; "
@@ -69,6 +74,20 @@ def table(report: TryReport) -> str:
         lines += ["", f"Work folder kept (requests, logs, patched copies of the failed arms): {report.workdir}"]
     lines += ["", "What each change does:"] + [f"- {t.name}: {t.change.does}; maths: {t.change.maths}" for t in tried]
     return "\n".join(lines)
+
+
+def _noise_floor(trials: list[Trial]) -> list[str]:
+    """The A/A arm's reading: the width of its interval is the noise; a verdict from it is a warning."""
+    same = next((t for t in trials if t.name == A_A and t.ratio is not None), None)
+    if same is None or same.error is not None:
+        return []
+    ratio = same.ratio
+    line = (f"Noise floor (the A/A arm, the unchanged trainer against itself): {_effect(same)}, ±"
+            f"{100 * (ratio.high - ratio.low) / 2:.1f} %.")
+    if same.verdict in ("faster", "slower"):
+        line += (f" It reads {same.verdict}: this machine's noise exceeded the intervals in this try (about 1 in 20 "
+                 "A/A tries does); read the other verdicts with care, or try again on a quieter machine.")
+    return [line]
 
 
 def _notes(trials: list[Trial]) -> list[str]:
@@ -105,18 +124,23 @@ def _combined_line(report: TryReport) -> str:
 
 
 def _ratio(trial: Trial | None) -> dict[str, Any] | None:
-    return _plain(trial.ratio if trial is not None else None)
+    if trial is None:
+        return None
+    return _plain(trial.ratio, trial.effect.pairs if trial.effect else None)
 
 
-def _plain(ratio: Any) -> dict[str, float] | None:
-    return None if ratio is None else {"median": ratio.value, "low": ratio.low, "high": ratio.high, "pairs": ratio.n}
+def _plain(ratio: Any, pairs: int | None = None) -> dict[str, float] | None:
+    if ratio is None:
+        return None
+    return {"median": ratio.value, "low": ratio.low, "high": ratio.high, "rounds": ratio.n,
+            **({"pairs": pairs} if pairs is not None else {})}
 
 
 def _trial(trial: Trial) -> dict[str, Any]:
     effect = trial.effect
     return {"change": trial.name, "kind": trial.change.kind, "where": [w for _, w in trial.edits] or trial.sites,
             "does": trial.change.does, "maths": trial.change.maths, "ratio": _ratio(trial),
-            "wall_ratio": _plain(effect.ratio()) if effect else None,
+            "wall_ratio": _plain(effect.ratio(), effect.pairs) if effect else None,
             "cpu_ratio": _plain(effect.cpu_ratio()) if effect else None,
             "trustworthy": effect.trustworthy if effect and effect.pairs else None,
             "disturbed_pairs": effect.disturbed if effect else None,
@@ -137,6 +161,7 @@ def as_json(report: TryReport) -> dict[str, Any]:
     tried = [t for t in report.trials if t.skip is None]
     return {"try": {
         "target": report.target, "variant": report.variant, "device": report.device, "rounds": report.rounds,
+        "rounds_run": report.rounds_run, "combined_rounds": report.combined_rounds, "a_a": A_A,
         "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS, "threads_cap": report.threads_cap,
         "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
         "trials": [_trial(t) for t in tried],

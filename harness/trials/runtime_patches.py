@@ -26,6 +26,8 @@ OPTIMIZER_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adamax", "NA
 
 implementations: dict[str, str] = {}
 """What the optimizer patch built, by class: ``fused`` or ``foreach`` (read back into the arm's result)."""
+on_progress: Callable[[], None] = lambda: None  # noqa: E731
+"""Called after every ``iterate()`` of a trial's trainer: the child's heartbeat (``child.Heartbeat``)."""
 
 
 def apply_process_changes(names: list[str]) -> None:
@@ -159,12 +161,15 @@ class TrialTrainer:
     def iterate(self) -> Any:
         if self._first_done:
             with self._autocast():
-                return self._inner.iterate()
+                done = self._inner.iterate()
+            on_progress()
+            return done
         with self._recorder, self._autocast():
             done = self._inner.iterate()
         self._first_done = True
         after_factory(self._names)
         self._compile_found()
+        on_progress()
         return done
 
     def close(self) -> None:

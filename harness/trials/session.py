@@ -18,7 +18,7 @@ from harness.diagnosis.frames import short
 from harness.measurement.machine_state import fair_threads_cap
 from harness.trials import parity, rounds, slices
 from harness.trials.arms import Arm, ArmRunner, Target
-from harness.trials.catalogue import Change
+from harness.trials.catalogue import A_A, Change
 from harness.trials.patch_file import combined_files, unified_diff
 from harness.trials.patched_copy import edited_files, write_copies
 from harness.trials.plan import Candidate
@@ -97,6 +97,9 @@ class TryReport:
     interrupted: bool = False
     failed: str | None = None
     """Why the try stopped (the unchanged trainer failed)."""
+    rounds_run: int = 0
+    """Rounds the trials ran (fewer than ``rounds`` when every interval was decisive early)."""
+    combined_rounds: int = 0
     workdir: str | None = None
     """The work folder (requests, logs, patched copies), kept when something failed; removed otherwise."""
 
@@ -169,7 +172,7 @@ def members(trials: list[Trial]) -> list[Trial]:
     (faster first, then the higher ratio)."""
     chosen: dict[str, Trial] = {}
     for trial in trials:
-        if not trial.qualifies:
+        if not trial.qualifies or trial.name == A_A:  # the A/A arm changes nothing: a check, never a member
             continue
         key = trial.change.group or trial.name
         best = chosen.get(key)
@@ -216,7 +219,8 @@ def _combine(runner: ArmRunner, chosen: list[Trial], reference: dict[str, Any], 
         return
     if combined.error is None:
         effects: dict[str, rounds.Effect] = {}
-        slices.measure(runner, [arm], report.rounds, effects, say, report.cycles, label="combined round")
+        report.combined_rounds = slices.measure(runner, [arm], report.rounds, effects, say, report.cycles,
+                                                label="combined round")
         combined.effect = effects["combined"]
         combined.error, combined.log = combined.effect.error, combined.effect.log
     if combined.error is not None:
@@ -291,7 +295,8 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
             say(f"try: {rounds_count} rounds of {1 + len(measured)} live processes (unchanged, "
                 + ", ".join(t.name for t in measured) + f"), {cycles} turns each in slices of about "
                 f"{slices.SLICE_SECONDS} s")
-            slices.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count, effects, say, cycles)
+            report.rounds_run = slices.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count,
+                                               effects, say, cycles, exempt=frozenset({A_A}))
             for trial in measured:
                 if trial.error is None and trial.effect.error is not None:  # type: ignore[union-attr]
                     trial.error, trial.log = trial.effect.error, trial.effect.log  # type: ignore[union-attr]
