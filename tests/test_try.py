@@ -408,6 +408,43 @@ def test_the_round_is_the_unit_so_intervals_cover_a_planted_effect() -> None:
     assert covered_rounds / tries >= 0.92 and covered_pairs / tries < 0.75
 
 
+def test_a_source_edit_is_tried_in_a_process_that_never_imported_the_module(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    """``--executor ray``: the job's process has not imported the user's single-file trainer (beside its YAML file);
+    the edit is checked by the file its name imports from the parent's import path, and made."""
+    import sys
+
+    module = tmp_path / "try_never_imported.py"
+    shutil.copy(TESTS / "try_trainer.py", module)
+    line = _line(module, "dist = torch.distributions.Categorical(")
+    assert "try_never_imported" not in sys.modules and str(tmp_path) not in sys.path
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what the job arranges is undone after the test
+    made: list[FakeRunner] = []
+    monkeypatch.setattr(session, "ArmRunner", lambda target, workdir: made.append(FakeRunner(
+        target, workdir, {"validate_args_off": 1.3}, {})) or made[-1])
+    from harness.trials.catalogue import CHANGES
+    from harness.trials.plan import Candidate
+
+    chosen = [Candidate(CHANGES["validate_args_off"], [f"{module}:{line}"])]
+    target = Target("x.yaml", None, None, "baseline", [], [str(tmp_path)], fair_threads=False)
+    report = session.run_try_job(target, "x.yaml", "cpu", chosen, (module, "make_trainer"), 3, 3, 2)
+    (trial,) = report.trials
+    assert trial.skip is None and trial.edits == [("validate_args_off", f"{module}:{line}")]
+    assert "validate_args=False" in trial.diff and report.combined_changes == ["validate_args_off"]
+
+
+def test_a_file_inside_a_package_is_not_copied(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from harness.trials.patched_copy import importable_as_copy
+
+    (tmp_path / "try_pkg").mkdir()
+    (tmp_path / "try_pkg" / "__init__.py").write_text("")
+    (tmp_path / "try_pkg" / "inner.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("try_pkg.inner")
+    with pytest.raises(source_edits.EditRefused, match="inner.py is not imported as the top-level module inner"):
+        importable_as_copy(tmp_path / "try_pkg" / "inner.py")
+
+
 def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 + 4 parity runs, a timed call and a first unchanged slice, then (changed, unchanged) slices for 4 arms a
     # turn: stopping at call 18 leaves the first turn finished and the second's first arm unfinished

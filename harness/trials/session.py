@@ -20,7 +20,7 @@ from harness.trials import parity, rounds, slices
 from harness.trials.arms import Arm, ArmRunner, Target
 from harness.trials.catalogue import A_A, Change
 from harness.trials.patch_file import combined_files, unified_diff
-from harness.trials.patched_copy import edited_files, write_copies
+from harness.trials.patched_copy import arrange_search, edited_files, write_copies
 from harness.trials.plan import Candidate
 from harness.trials.source_edits import EditRefused
 
@@ -262,7 +262,10 @@ def _say_to_stderr(text: str) -> None:
 
 def run_try_job(target: Target, label: str, device: str, candidates: list[Candidate], factory: tuple[Path | None, str],
                 rounds_count: int, iterations: int, cycles: int) -> TryReport:
-    """``run_try`` as a campaign job (``--executor ray``): importable by name, its progress on the job's stderr."""
+    """``run_try`` as a campaign job (``--executor ray``): importable by name, its progress on the job's stderr. The
+    job's process never imported the user's module: the parent's import path is arranged here, so that source
+    edits are checked by the file that name imports (``patched_copy.importable_as_copy``)."""
+    arrange_search(target.sys_path)
     return run_try(target, label, device, candidates, factory, rounds_count, iterations, _say_to_stderr, cycles)
 
 
