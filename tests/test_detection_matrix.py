@@ -160,3 +160,24 @@ def test_the_doc_table_is_replaced_between_its_markers(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="needs the markers"):
         matrix.write_doc(tmp_path / "other.md", "x")
     assert matrix.DOC_START in (ROOT / "docs" / "tracking.md").read_text(encoding="utf-8")
+
+
+def test_an_interrupted_matrix_keeps_its_cells_and_prints_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    repo = _repo(tmp_path)
+    workdir = tmp_path / "work"
+    monkeypatch.chdir(repo)
+
+    def interrupted(repo_: Path, workdir_: Path, plants: list, chosen: list, runs: int, busy: int) -> matrix.State:
+        state = matrix.State(workdir_ / "state.json", matrix.check_repository(repo_))
+        state.data.update(plants=plants, gates=chosen, runs=runs, busy=busy)
+        state.put(chosen[0], plants[0], 1, gates.Verdict(gates.MISSED, "", 1.0))
+        raise KeyboardInterrupt
+
+    workdir.mkdir()
+    monkeypatch.setattr(matrix, "measure", interrupted)
+    assert main(["detection-matrix", "--runs", "1", "--plants", "aa,busy_thread", "--gates", "asv-counts",
+                 "--workdir", str(workdir)]) == 130
+    out = capsys.readouterr().out
+    assert "interrupted; the cells measured are kept" in out and "| aa: A/A" in out and "0/1" in out
+    assert "Missing: 1 cells (asv counts|busy_thread|1)" in out
