@@ -241,7 +241,11 @@ def test_a_recommendations_effect_is_the_reference_trainers_figure_read_from_the
     assert code == 0
     effects = {r["rule"]: r["effect"] for r in d["recommendations"]}
     assert effects["float64"].startswith("no speed figure")
-    assert effects["per_env_inference"].startswith("reference trainers' figure")
+    from harness.diagnosis.reference_effects import matching, quotable, read_effects
+
+    quoted = quotable(matching("batch_inference", "cpu", read_effects()))
+    assert effects["per_env_inference"].startswith("reference trainers' figure" if quoted else  # only a trustworthy one
+                                                   "no reference figure: rlgauge's measurement of batch_inference")
     assert "docs/analysis.md" not in " ".join(effects.values())
     assert not hasattr(recommendations, "ANALYSIS_DOC")
 
@@ -356,3 +360,40 @@ def test_a_generator_that_updates_every_tenth_step_is_diagnosed_over_whole_updat
     assert f"planted_trainer.py:{acting}" in rules["acting_builds_graph"]["evidence"]
     assert not {"host_copies", "per_env_inference"} & set(rules)  # one env: one copy per step is the minimum
     assert "forloop_optimizer" in rules and "step counters" in rules["forloop_optimizer"]["evidence"]
+
+
+def test_a_cuda_sync_warning_inside_a_counted_call_is_not_counted_twice() -> None:
+    """On CUDA, ``bool(t)`` is counted by the host-sync finder and also warned by torch's sync debug mode: one sync.
+    A warning raised inside a copy to the device is a blocking copy, with its own cause."""
+    from harness.diagnosis import host_syncs
+    from harness.diagnosis.frames import SiteFinder
+
+    syncs = host_syncs.HostSyncFinder(torch.device("cpu"), SiteFinder())
+    syncs._inside, syncs.current, syncs.current_counted = 1, torch.Tensor.__bool__, True
+    assert host_syncs.sync_warning_kind(syncs) is None
+    syncs.current, syncs.current_counted = torch.Tensor.to, False
+    assert host_syncs.sync_warning_kind(syncs) == host_syncs.TO_DEVICE
+    assert host_syncs.cause_of(host_syncs.TO_DEVICE, None, 0.0, 1.0) == host_syncs.BLOCKING_TRANSFER
+    syncs._inside = 0
+    assert host_syncs.sync_warning_kind(syncs) == host_syncs.CUDA_SYNC
+    assert host_syncs.sync_warning_kind(None) == host_syncs.CUDA_SYNC
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_branch_on_a_tensor_is_one_sync_and_a_pageable_copy_is_a_blocking_transfer() -> None:
+    from collections import Counter
+
+    from harness.diagnosis import host_syncs
+    from harness.diagnosis.frames import SiteFinder
+
+    finder = SiteFinder(own_code_is_rlgauge=False)
+    syncs = host_syncs.HostSyncFinder(torch.device("cuda"), finder)
+    x = torch.ones(3, device="cuda")
+    torch.cuda.synchronize()
+    with host_syncs.cuda_sync_warnings(torch.device("cuda"), finder, syncs.sites, syncs):
+        with syncs:
+            bool((x.sum() > 0))
+            torch.tensor([1.0, 2.0]).to("cuda")
+    kinds = Counter(kind for kind, _, _ in syncs.sites.elements())
+    assert kinds[host_syncs.BRANCH] == 1 and kinds[host_syncs.CUDA_SYNC] == 0
+    assert kinds[host_syncs.TO_DEVICE] <= 1

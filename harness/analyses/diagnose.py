@@ -204,7 +204,8 @@ def _audit(trainer: Any, resolution: Any, own_is_rlgauge: bool, state: _State, h
     state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
     state.lines = LineKernels(finder, audit_clock)
     # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
-    with torch.compiler.set_stance("force_eager"), cuda_sync_warnings(resolution.device, finder, state.syncs.sites):
+    with torch.compiler.set_stance("force_eager"), cuda_sync_warnings(resolution.device, finder, state.syncs.sites,
+                                                                                   state.syncs):
         hook_set.install()
         try:
             with state.syncs, state.wide, state.kernels, state.lines:

@@ -23,9 +23,9 @@ import sys
 
 from harness.diagnosis.frames import SiteFinder, context_of, library_of
 
-ITEM, HOST_COPY, BRANCH, DATA_SHAPE, TO_CPU, CUDA_SYNC = (
+ITEM, HOST_COPY, BRANCH, DATA_SHAPE, TO_CPU, CUDA_SYNC, TO_DEVICE = (
     ".item()", ".cpu()/.numpy()/.tolist()", "bool(t)/if t", "nonzero/boolean mask", '.to("cpu")',
-    "cuda sync (set_sync_debug_mode)")
+    "cuda sync (set_sync_debug_mode)", "blocking copy to the device")
 
 _T = torch.Tensor
 _BY_FUNCTION: dict[Any, str] = {
@@ -70,6 +70,10 @@ class HostSyncFinder(TorchFunctionMode):
         self.contexts: dict[tuple[str, str, str | None], str | None] = {}
         """What each site's first sync ran inside (``frames.context_of``): a distribution's class, a buffer's store."""
         self._inside = 0
+        self.current: Any = None
+        """The user's call being run (outermost), and whether it was counted: a CUDA sync warning raised inside a
+        counted call is that same sync (``cuda_sync_warnings`` does not count it twice)."""
+        self.current_counted = False
 
     @property
     def count(self) -> int:
@@ -98,6 +102,7 @@ class HostSyncFinder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self._inside == 0:  # torch's own calls made inside a counted one are not the user's
             kind = self._kind(func, args, kwargs)
+            self.current, self.current_counted = func, kind is not None
             if kind is not None:
                 key = (kind, *self.finder.where_via(2))
                 self.sites[key] += 1
@@ -112,9 +117,27 @@ class HostSyncFinder(TorchFunctionMode):
             self._inside -= 1
 
 
+_COPIES_TO_DEVICE = {_T.to, _T.cuda, _T.copy_, torch.tensor, torch.as_tensor}
+
+
+def sync_warning_kind(syncs: HostSyncFinder | None) -> str | None:
+    """What a CUDA sync warning is, from the user's call it was raised in: None inside a call ``syncs`` already
+    counted (the same sync), ``TO_DEVICE`` inside a copy to the device, else ``CUDA_SYNC``."""
+    if syncs is not None and syncs._inside and syncs.current_counted:
+        return None
+    if syncs is not None and syncs._inside and syncs.current in _COPIES_TO_DEVICE:
+        return TO_DEVICE
+    return CUDA_SYNC
+
+
 @contextlib.contextmanager
-def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter) -> Iterator[None]:
-    """On CUDA: ``set_sync_debug_mode("warn")``, each warning counted at its user line; elsewhere nothing."""
+def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter,
+                       syncs: HostSyncFinder | None = None) -> Iterator[None]:
+    """On CUDA: ``set_sync_debug_mode("warn")``, each warning counted at its user line; elsewhere nothing.
+
+    With ``syncs`` (the host-sync finder running inside): a warning raised by a call it already counted
+    (``bool(t)``, ``.item()``, ``.cpu()``) is not counted again, and one raised by a copy to the device (a pageable
+    host tensor's ``.to(device)``) is counted as ``TO_DEVICE``."""
     if device.type != "cuda" or not torch.cuda.is_available():
         yield
         return
@@ -123,7 +146,9 @@ def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter)
 
     def show(message: Any, category: type, filename: str, lineno: int, *rest: Any) -> None:
         if "synchroniz" in str(message):
-            sites[(CUDA_SYNC, *finder.where_via(2))] += 1
+            kind = sync_warning_kind(syncs)
+            if kind is not None:
+                sites[(kind, *finder.where_via(2))] += 1
         else:
             original_show(message, category, filename, lineno, *rest)
 
@@ -138,9 +163,11 @@ def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter)
             warnings.showwarning = original_show
 
 
-OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOGGING, STORAGE, LIBRARY_CONTROL = (
-    "optimizer step", "distribution argument checks", "per-env acting", "action copy", "data-dependent shape",
-    "logging/statistics", "per-step copy into a buffer", "library done/reset handling")
+OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOGGING, STORAGE, LIBRARY_CONTROL, \
+    BLOCKING_TRANSFER = (
+        "optimizer step", "distribution argument checks", "per-env acting", "action copy", "data-dependent shape",
+        "logging/statistics", "per-step copy into a buffer", "library done/reset handling",
+        "blocking host-to-device copy")
 """What each sync is for (``causes``): each points to its own fix (``recommendations``)."""
 
 
@@ -168,6 +195,8 @@ def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: f
     inside an RL library's own code (its done/reset handling and bookkeeping), while acting (more than one per
     vector step: actions taken env by env; one: the action copy an env step needs), a data-dependent shape,
     or else statistics and logging."""
+    if kind == TO_DEVICE:
+        return BLOCKING_TRANSFER
     if via == "torch.optim":
         return OPTIMIZER
     if via == "torch.distributions":

@@ -16,8 +16,8 @@ from typing import Any, Callable
 from harness.diagnosis.frames import short
 from harness.diagnosis.reference_effects import effect_of
 from harness.diagnosis.host_syncs import (
-    BRANCH, CUDA_SYNC, DATA_DEPENDENT, DATA_SHAPE, DISTRIBUTION_CHECKS, HOST_COPY, ITEM, LIBRARY_CONTROL, LOGGING,
-    OPTIMIZER, PER_ENV_ACTING, STORAGE, TO_CPU)
+    BLOCKING_TRANSFER, BRANCH, CUDA_SYNC, DATA_DEPENDENT, DATA_SHAPE, DISTRIBUTION_CHECKS, HOST_COPY, ITEM,
+    LIBRARY_CONTROL, LOGGING, OPTIMIZER, PER_ENV_ACTING, STORAGE, TO_CPU)
 
 
 @dataclass(frozen=True)
@@ -197,9 +197,14 @@ def _graph_breaks(d: dict[str, Any]) -> str | None:
 
 def _transfer(d: dict[str, Any]) -> str | None:
     share = d["phases"]["transfer"]
-    if share < 15 or not d["device"].startswith("cuda"):
+    rows = [s for s in d["host_syncs"] if s.get("cause") == BLOCKING_TRANSFER]
+    per = sum(s["per_env_step"] for s in rows)
+    if not d["device"].startswith("cuda") or (share < 15 and per < 0.05):
         return None
-    return f"host->device copies take {share:.0f}% of the time on {d['device']}"
+    blocking = (f"{per:.2f} blocking copies to the device per env step at "
+                f"{', '.join(short(s['where']) for s in rows[:3])}") if per >= 0.05 else ""
+    timed = f"host->device copies take {share:.0f}% of the time on {d['device']}" if share >= 15 else ""
+    return "; ".join(part for part in (timed, blocking) if part)
 
 
 def _cuda_update(d: dict[str, Any]) -> str | None:
