@@ -202,13 +202,20 @@ _KINDS = (("Tensor.backward", "backward()"), ("zero_grad", "optimizer.zero_grad(
           ("marked as skipped", "a function dynamo skips"), ("builtin", "an untraceable builtin"))
 
 
+_BOILERPLATE = ("Graph break in user code", "Graph Break Reason", "Encountered graph break", "Failed to handle graph",
+                "Skipping the function", "Graph break encountered", "Explanation", "Hint", "Developer debug",
+                "For more details", "User code traceback", "File ", "Graph break (user stack", "Most recent bytecode")
+
+
 def break_kind(text: str) -> str:
-    """A short name for a graph break's reason (``backward()``, ``explicit torch._dynamo.graph_break()``...)."""
-    for needle, kind in _KINDS:
-        if needle in text:
-            return kind
-    reason = next((line.strip() for line in text.splitlines() if line.strip().startswith("Graph Break Reason")), "")
-    return reason.removeprefix("Graph Break Reason:").strip()[:60] or "other"
+    """A short name for a graph break's reason (``backward()``, ``explicit torch._dynamo.graph_break()``...), with
+    ``(the function runs eagerly)`` where dynamo gave up on the whole function."""
+    kind = next((name for needle, name in _KINDS if needle in text), None)
+    if kind is None:
+        body = [line.strip() for line in text.splitlines()
+                if line.strip() and not line.strip().startswith(_BOILERPLATE)]
+        kind = body[0][:70] if body else "other"
+    return kind + (" (the function runs eagerly)" if "Failed to handle graph break gracefully" in text else "")
 
 
 class CompileLog(logging.Handler):

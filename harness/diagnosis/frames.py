@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import os
 import re
@@ -21,6 +22,10 @@ try:
     _LIBRARIES.append(os.path.dirname(gymnasium.__file__))
 except ImportError:  # pragma: no cover - gymnasium is a dependency
     pass
+for _name in ("tensordict",):  # a data-structure library: its ops are the caller's (found without importing it)
+    _spec = importlib.util.find_spec(_name)
+    if _spec is not None and _spec.submodule_search_locations:
+        _LIBRARIES.append(list(_spec.submodule_search_locations)[0])
 _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REFERENCE = os.path.join(os.path.dirname(_HARNESS), "reference_trainers")
 LIBRARY_DIRS: tuple[str, ...] = tuple(_LIBRARIES)

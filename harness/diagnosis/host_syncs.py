@@ -191,8 +191,8 @@ def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: f
              where: str = "") -> str:
     """A sync's cause: made inside an optimizer's step (its own per-parameter step counters: the for-loop
     implementation), inside ``torch.distributions`` (argument validation), a host copy inside a buffer's store
-    method (rollout/replay storage filled a step at a time), control flow (``bool(t)``, a data-dependent shape)
-    inside an RL library's own code (its done/reset handling and bookkeeping), while acting (more than one per
+    method (rollout/replay storage filled a step at a time), inside an RL library's own code (its done/reset
+    handling and bookkeeping; a host copy once per vector step there is the env's action copy), while acting (more than one per
     vector step: actions taken env by env; one: the action copy an env step needs), a data-dependent shape,
     or else statistics and logging."""
     if kind == TO_DEVICE:
@@ -203,8 +203,8 @@ def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: f
         return DISTRIBUTION_CHECKS
     if context and context.startswith("storage:") and kind in (HOST_COPY, TO_CPU, ITEM):
         return STORAGE
-    if kind in (BRANCH, DATA_SHAPE) and library_of(where):
-        return LIBRARY_CONTROL
+    if library_of(where):  # the library's own done/reset checks and bookkeeping; its host copy is the action's
+        return ACTION_COPY if kind in (HOST_COPY, TO_CPU) and per_vector_step <= 1.5 else LIBRARY_CONTROL
     if acting_share > 0.5:
         return PER_ENV_ACTING if per_vector_step > 1.5 else ACTION_COPY
     return DATA_DEPENDENT if kind == DATA_SHAPE else LOGGING

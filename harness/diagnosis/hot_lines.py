@@ -21,6 +21,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.diagnosis.frames import library_of
 from harness.diagnosis.loop_shape import is_free
 
 PHASE_OF = {"update": "update", "env": "env", "transfer": "transfer", "inference": "acting"}
@@ -90,6 +91,8 @@ def batch_loops(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for line in lines:
         if line["kernels_per_update"] < LOOP_KERNELS_PER_UPDATE or line["mean_elements"] > SMALL_OP_ELEMENTS:
+            continue
+        if library_of(line["where"]):  # a library's own loop is not the user's to vectorise
             continue
         path, _, number = line["where"].rpartition(":")
         loop = _enclosing_for(path, int(number)) if number.isdigit() else None
