@@ -376,13 +376,9 @@ def _latency_and_sentinels(live: _Live) -> None:
             seconds.append(time.perf_counter() - start)
         live.latency = metrics.latency_percentiles(seconds)
 
-    # the one sync counter, diagnose's: the same calls counted the same way (an optimizer's own step counters too)
-    syncs, wide = HostSyncFinder(device, SiteFinder()), Float64Sentinel()
     try:
-        # a dispatch mode cannot run inside compiled code: the checked iteration runs the compiled
-        # functions' eager code, without counting as a compile fallback
-        with torch.compiler.set_stance("force_eager"), syncs, wide:
-            agent_steps = _checked_iterations(trainer, isinstance(live.spec.config, OwnConfig))
+        checks = run_checks(trainer, device, live.resolution.config.env.num_envs,
+                            own=isinstance(live.spec.config, OwnConfig))
     except TrainerExhausted as exc:  # every timed repeat completed: not a failure of that work
         live.sentinel_skipped = (f"{exc}, after its timed repeats: the checked iteration (float64, host syncs) was "
                                  "skipped; give it one iteration more to have it checked")
@@ -393,9 +389,29 @@ def _latency_and_sentinels(live: _Live) -> None:
     except Exception as exc:
         _failed(live, exc)
         return
-    vector_steps = max(1, agent_steps // live.resolution.config.env.num_envs)
-    live.syncs_per_step = syncs.count / vector_steps
-    live.float64_ops, live.float64_site = wide.count, wide.first_site
+    live.syncs_per_step = checks.host_syncs_per_step
+    live.float64_ops, live.float64_site = checks.float64_ops, checks.float64_site
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What the checked iteration found: float64 ops (and the first one's site), host syncs per vector step."""
+
+    float64_ops: int
+    float64_site: str | None
+    host_syncs_per_step: float
+
+
+def run_checks(trainer: Any, device: Any, num_envs: int, *, own: bool) -> Checks:
+    """The checked iteration ``rlgauge run`` runs (``rlgauge try``'s arms too): one call, or a user's trainer's
+    calls until ``CHECKED_ENV_STEPS`` env steps, with float64 ops and host syncs counted (diagnose's sync counter:
+    the same calls counted the same way, an optimizer's own step counters too). Compiled functions run their eager
+    code for it (a dispatch mode cannot run inside compiled code), without counting as a compile fallback."""
+    syncs, wide = HostSyncFinder(device, SiteFinder()), Float64Sentinel()
+    with torch.compiler.set_stance("force_eager"), syncs, wide:
+        agent_steps = _checked_iterations(trainer, own)
+    vector_steps = max(1, agent_steps // num_envs)
+    return Checks(wide.count, wide.first_site, syncs.count / vector_steps)
 
 
 CHECKED_ENV_STEPS = 512

@@ -5,15 +5,14 @@ variant, the run overrides, the runtime changes and the folder of patched copies
 ``sys.path`` before the factory is imported, so the copies are imported in place of the user's files; the
 runtime changes are applied before and around the factory (``runtime_patches``). Then, by ``mode``:
 
-- ``measure``: the variant measured as ``rlgauge run`` measures it; the result's data is written back;
-- ``parity``: N ``iterate()`` calls from the seed, then the parameters of every module the factory built
-  are saved (``torch.save``) for ``parity`` to compare;
-- ``serve``: the trainer built and warmed up, one checked stretch (float64 ops and host syncs counted as
-  ``rlgauge run`` counts them), then slices of training on request: JSON lines on stdin (``{"env_steps": N}``)
-  answered on stdout (``{"env_steps", "wall", "cpu"}``) until stdin closes. What the trainer prints goes to
+- ``parity``: N ``iterate()`` calls from the seed, then the state of every module the factory built and of every
+  optimizer that stepped is saved (``torch.save``) for ``parity`` to compare;
+- ``serve``: the trainer built and warmed up, one checked stretch (``runner.run_checks``: float64 ops and host
+  syncs counted as ``rlgauge run`` counts them), then slices of training on request: JSON lines on stdin
+  (``{"env_steps": N}``) answered on stdout (``{"env_steps", "wall", "cpu"}``) until stdin closes. What the trainer prints goes to
   stderr, the arm's log.
 
-The answer (``{"result"}`` / ``{"parity"}``, or ``{"error"}`` with one line) goes to the request's ``out``.
+The answer (``{"parity"}``, or ``{"error"}`` with one line) goes to the request's ``out``.
 """
 
 from __future__ import annotations
@@ -99,15 +98,6 @@ def _spec(request: dict[str, Any]) -> Any:
     return spec
 
 
-def _measure(spec: Any) -> dict[str, Any]:
-    from harness.measurement.runner import run_variants
-
-    runs, interrupted = run_variants([spec], show_progress=False, say=lambda _text: None)
-    if interrupted:
-        raise KeyboardInterrupt
-    return {"result": runs[0].to_dict()}
-
-
 def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
     """``iterations`` calls, then more until as many optimizer steps were taken (a generator that yields every env
     step), up to the run's warm-up and steps in env steps; the state (``trainer_state``) when first built (after
@@ -154,24 +144,16 @@ def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
 def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None]) -> None:
     import time
 
-    import torch
-
-    from harness.diagnosis.frames import SiteFinder
-    from harness.diagnosis.host_syncs import HostSyncFinder
     from harness.measurement.metrics import TimingProbe
-    from harness.measurement.runner import _checked_iterations, resolve_specs
-    from harness.measurement.sentinels import Float64Sentinel
+    from harness.measurement.runner import resolve_specs, run_checks
 
     (resolution,) = resolve_specs([spec])
     trainer = spec.build(resolution, probe=TimingProbe())
     try:
         _train(trainer, max(1, resolution.config.run.warmup_steps))
-        syncs, wide = HostSyncFinder(resolution.device, SiteFinder()), Float64Sentinel()
-        with torch.compiler.set_stance("force_eager"), syncs, wide:
-            agent_steps = _checked_iterations(trainer, True)
-        vector_steps = max(1, agent_steps // resolution.config.env.num_envs)
+        checks = run_checks(trainer, resolution.device, resolution.config.env.num_envs, own=True)
         _train(trainer, 1)  # one call out of the eager checks before the first timed slice
-        answer({"ready": True, "float64_ops": wide.count, "host_syncs_per_step": syncs.count / vector_steps,
+        answer({"ready": True, "float64_ops": checks.float64_ops, "host_syncs_per_step": checks.host_syncs_per_step,
                 "optimizers": _implementations()})
         for line in requests:
             steps = int(json.loads(line)["env_steps"])
@@ -226,10 +208,9 @@ def trainer_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
     spec = _start(request)
-    if request["mode"] == "parity":
-        answer = _parity(spec, request["iterations"], request["params_out"])
-    else:
-        answer = _measure(spec)
+    if request["mode"] != "parity":
+        raise ValueError(f"unknown mode {request['mode']!r}; accepted: parity, serve")
+    answer = _parity(spec, request["iterations"], request["params_out"])
     answer["optimizers"] = _implementations()
     return answer
 
