@@ -336,6 +336,9 @@ def _compile_facts(state: _State) -> dict[str, Any]:
             "recompiles": after.get("frames_compiled", 0) - before.get("frames_compiled", 0),
             "recompile_reasons": state.recompile_reasons[:10],
             "compiled_calls": dict(state.counters.compiled_calls),
+            "compiled_syncs": [{"function": name, "kind": ".item()", "count": count,
+                                "per_env_step": count / max(1, state.hooked.env_steps)}
+                               for name, count in state.counters.compiled_syncs.most_common()],
             "hooks_kept_installed": state.compiled}
 
 

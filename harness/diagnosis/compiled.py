@@ -140,11 +140,17 @@ class CompiledCalls:
         self.note_source(original)
         return compiled_call
 
+    def running(self) -> str | None:
+        """The name of the outermost compiled callable running now, or None outside compiled calls."""
+        return self.names.get(self._stack[0].key, "compiled module") if self._stack else None
+
     def enter(self, view: Any, key: Any, inputs: tuple) -> None:
         clock, counters = view.clock, view.counters
         role = self.roles.get(key)
         if role is None and is_compiled_module(key):
             self.note_source(key)
+            inner = key._orig_mod
+            self.names[key] = getattr(getattr(inner, "module", None), "__qualname__", None) or type(inner).__name__
         counted = clock.enabled and clock.current is None
         self._stack.append(_Call(key, self.stepping.versions(), counters.eager_steps, role, counted))
         if role == "update":

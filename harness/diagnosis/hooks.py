@@ -220,6 +220,21 @@ def _from_host(view: HookView, original: Callable[..., Any]) -> Callable[..., An
     return _skipped_by_dynamo(wrapped)
 
 
+def _item_in_compiled(view: HookView, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.item``: counted where a compiled call runs it (its generated code, or eager code at a graph break),
+    by the compiled function: the syncs of the path that runs, which the eager replay of the audit cannot show."""
+
+    def wrapped(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not _compiling() and view.clock.enabled:
+            running = view.compiled.running()
+            if running is not None:
+                view.counters.compiled_syncs[running] += 1
+        return original(tensor, *args, **kwargs)
+
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    return _skipped_by_dynamo(wrapped)
+
+
 def _compile(view: HookView, original: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.compile``: a compiled function comes back wrapped so that its calls are timed from outside."""
 
@@ -283,6 +298,7 @@ class HookSet:
         for name in ("tensor", "as_tensor", "from_numpy"):
             patches.replace(torch, name, lambda f: _from_host(view, f))
         patches.replace(torch, "compile", lambda f: _compile(view, f))
+        patches.replace(torch.Tensor, "item", lambda f: _item_in_compiled(view, f))
         patches.replace(torch.optim.Optimizer, "__init__", lambda f: view.compiled.stepping.registering(f))
 
 

@@ -101,7 +101,7 @@ class HostSyncFinder(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if self._inside == 0:  # torch's own calls made inside a counted one are not the user's
-            kind = self._kind(func, args, kwargs)
+            kind = self._kind(getattr(func, "__wrapped__", func), args, kwargs)  # the phase hooks' wrappers unwrapped
             self.current, self.current_counted = func, kind is not None
             if kind is not None:
                 key = (kind, *self.finder.where_via(2))

@@ -273,6 +273,8 @@ class LoopCounters:
         """Ids of the optimizers whose step hooks ran in Python."""
         self.compiled_optimizers: set[int] = set()
         """Ids of the optimizers stepped inside compiled code (``compiled``)."""
+        self.compiled_syncs: Counter[str] = Counter()
+        """``.item()`` calls made while a compiled callable ran, by its name (the compiled path's own syncs)."""
         self.compiled_calls: Counter[str] = Counter()
         """Counted calls of compiled callables by role (``update``, ``forward``)."""
         self.env_classes: Counter[str] = Counter()

@@ -59,6 +59,8 @@ def report_lines(d: dict[str, Any]) -> list[str]:
               + (_REPLAY if s.get("eager_replay_only") else "") for s in d["host_syncs"][:10]]
     if len(d["host_syncs"]) > 10:
         lines.append(f"  ... {len(d['host_syncs']) - 10} more sites (--json lists them all)")
+    lines += [f"  {s['per_env_step']:8.3f}  {s['kind']:<28} inside compiled {s['function']} (the compiled path, "
+              "as it runs)" for s in loop.get("compiled_syncs", [])]
     lines.append(f"float64 ops: {sum(f['count'] for f in d['float64'])}" + ("" if d["float64"] else " (none)"))
     lines += [f"  {f['count']:8d}  {f['op']:<28} {short(f['where'])}" + (f"  `{f['call']}`" if f.get("call") else "")
               + (_REPLAY if f.get("eager_replay_only") else "") for f in d["float64"][:10]]
