@@ -344,7 +344,8 @@ def test_patch_is_written_only_for_a_checked_combination(monkeypatch: pytest.Mon
     report = session.TryReport("x.yaml", "baseline", "cpu", 2, 3, patch=patch, no_patch=no_patch)
     monkeypatch.setattr(session, "run_try", lambda *_a, **_k: report)
     out = tmp_path / "out.diff"
-    args = Namespace(target=None, trainer="nowhere_module:make", config=None, quiet=True, executor_checked=None, executor="local", repeats=None, rounds=2,
+    args = Namespace(target=None, trainer="nowhere_module:make", config=None, quiet=True, executor_checked=None,
+                     executor="local", repeats=None, rounds=2,
                      parity_iterations=3, json=True, patch=out, set=[], steps=None, device=None, seed=None)
     spec = SimpleNamespace(config=SimpleNamespace(trainer="nowhere_module:make", run=SimpleNamespace(
         fair_threads=False)), variant="baseline")

@@ -9,8 +9,8 @@ runtime changes are applied before and around the factory (``runtime_patches``).
   optimizer that stepped is saved (``torch.save``) for ``parity`` to compare;
 - ``serve``: the trainer built and warmed up, one checked stretch (``runner.run_checks``: float64 ops and host
   syncs counted as ``rlgauge run`` counts them), then slices of training on request: JSON lines on stdin
-  (``{"env_steps": N}``) answered on stdout (``{"env_steps", "wall", "cpu"}``) until stdin closes. What the trainer prints goes to
-  stderr, the arm's log.
+  (``{"env_steps": N}``) answered on stdout (``{"env_steps", "wall", "cpu"}``) until stdin closes. What the
+  trainer prints goes to stderr, the arm's log.
 
 The answer (``{"parity"}``, or ``{"error"}`` with one line) goes to the request's ``out``.
 """

@@ -3,7 +3,8 @@ alternating slices of live processes (``slices``), then the combination of those
 maths.
 
 Every arm runs in processes of its own (``arms``); the patched copies, requests and logs live in a temporary
-folder, removed at the end unless something failed (then kept, its path in ``TryReport.workdir``). A KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
+folder, removed at the end unless something failed (then kept, its path in ``TryReport.workdir``). A
+KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
 """
 
 from __future__ import annotations
