@@ -135,23 +135,31 @@ def test_library_control_flow_buffer_copies_and_the_distribution_built_get_their
 
     library = tmp_path / "site" / "torchrl" / "envs"
     library.mkdir(parents=True)
-    (library / "common.py").write_text("def any_done(done):\n    if done.any():\n        return True\n    return False\n")
+    (library / "common.py").write_text("def any_done(done):\n    if done.any():\n        return True\n    return False\n"
+                                       "def statistic(loss):\n    return loss.mean().item()\n")
     spec = importlib.util.spec_from_file_location("fake_torchrl_common", library / "common.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    finder = HostSyncFinder(torch.device("cpu"), SiteFinder(False))
+    from harness.diagnosis.phases import LoopCounters, PhaseClock
+
+    clock, counters = PhaseClock(), LoopCounters()
+    clock.enabled = True
+    finder = HostSyncFinder(torch.device("cpu"), SiteFinder(False), counters, clock)
     buffer = RolloutBuffer()
     with finder:
         for _ in range(4):
             module.any_done(torch.zeros(2, dtype=torch.bool))
             buffer.add(torch.ones(2))
             torch.distributions.Normal(torch.zeros(2), torch.ones(2))
-    rows = per_env_step(finder.sites, 4, contexts=finder.contexts)
+            with clock.phase("update"):  # a library's training statistics (SB3's train()): logging
+                module.statistic(torch.ones(2))
+    rows = per_env_step(finder.sites, 4, contexts=finder.contexts, updating=counters.update_syncs)
     causes = {row["cause"]: row for row in rows}
     assert causes[LIBRARY_CONTROL]["where"] == f"{library / 'common.py'}:2"
     assert causes[STORAGE]["context"] == "storage:RolloutBuffer.add"
     assert causes[DISTRIBUTION_CHECKS]["context"] == "distribution:Normal"
-    assert "logging/statistics" not in causes
+    assert causes["logging/statistics"]["where"] == f"{library / 'common.py'}:6"
+    assert len([row for row in rows if row["cause"] == "logging/statistics"]) == 1
     d = {"host_syncs": rows, "kind": "trainer", "variant": "baseline", "device": "cpu", "float64": [],
          "phases": {"env": 10, "inference": 10, "update": 10, "transfer": 0, "other": 70},
          "loop": {"envs_per_step": 1.0, "optimizers": [], "frames_compiled": 0, "kernels_per_env_step": 1,
@@ -163,7 +171,7 @@ def test_library_control_flow_buffer_copies_and_the_distribution_built_get_their
                                                              "validate_args=False)")
     assert "Categorical" not in found["distribution_checks"]["change"]
     assert "RolloutBuffer.add" in found["storage_copies"]["evidence"] and "library_control" in found
-    assert "item_per_step" not in found
+    assert "item_per_step" in found and "common.py:6" in found["item_per_step"]["evidence"]
 
 
 @pytest.mark.parametrize("reinforce", [False, True])

@@ -200,7 +200,7 @@ def _audit(trainer: Any, resolution: Any, own_is_rlgauge: bool, state: _State, h
     finder, audit_clock, audit_counters = state.finder, PhaseClock(), state.audit_counters
     view = hook_set.view
     view.clock, view.counters, view.finder = audit_clock, audit_counters, None
-    state.syncs = HostSyncFinder(resolution.device, finder, audit_counters)
+    state.syncs = HostSyncFinder(resolution.device, finder, audit_counters, audit_clock)
     state.wide, state.kernels = float64_finder(own_is_rlgauge), KernelCounter()
     state.lines = LineKernels(finder, audit_clock)
     # a dispatch mode cannot run inside compiled code: the audit runs the compiled functions' eager code
@@ -253,7 +253,8 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
         "env_steps": {"plain": state.plain.env_steps, "hooked": hooked.env_steps, "audit": audit.env_steps},
         "phases": phases, "probe_phases": probe,
         "host_syncs": per_env_step(state.syncs.sites, audit.env_steps, state.audit_counters.acting_syncs,
-                                   envs_per_step, state.syncs.contexts) if state.syncs else [],
+                                   envs_per_step, state.syncs.contexts,
+                                   state.audit_counters.update_syncs) if state.syncs else [],
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
         "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),

@@ -59,12 +59,14 @@ def _to_cpu(args: tuple, kwargs: dict) -> bool:
 class HostSyncFinder(TorchFunctionMode):
     """Count host synchronisations by (kind, where) while active."""
 
-    def __init__(self, device: torch.device, finder: SiteFinder, counters: Any = None) -> None:
+    def __init__(self, device: torch.device, finder: SiteFinder, counters: Any = None, clock: Any = None) -> None:
         super().__init__()
         self.on_cpu = device.type == "cpu"
         self.finder = finder
         self.counters = counters
         """The phase hooks' ``LoopCounters`` where they run beside: each sync's key goes to ``sync_seen`` (acting or not)."""
+        self.clock = clock
+        """The phase clock beside it, if any: a sync inside an update call is the update's (``update_syncs``)."""
         self.sites: Counter[tuple[str, str, str | None]] = Counter()
         """Syncs by ``(kind, where, via)``: ``via`` the library the call came through (``frames.where_via``)."""
         self.contexts: dict[tuple[str, str, str | None], str | None] = {}
@@ -110,6 +112,8 @@ class HostSyncFinder(TorchFunctionMode):
                     self.contexts[key] = context_of(sys._getframe(1))
                 if self.counters is not None:
                     self.counters.sync_seen(key)
+                    if self.clock is not None and self.clock.current == "update":
+                        self.counters.update_syncs[key] += 1
         self._inside += 1
         try:
             return func(*args, **kwargs)
@@ -172,7 +176,8 @@ OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOG
 
 
 def per_env_step(sites: Counter, env_steps: int, acting: Counter | None = None,
-                 envs_per_step: float = 1.0, contexts: dict | None = None) -> list[dict[str, Any]]:
+                 envs_per_step: float = 1.0, contexts: dict | None = None,
+                 updating: Counter | None = None) -> list[dict[str, Any]]:
     """``[{where, kind, count, per_env_step, via, context, cause}]``, most frequent first (``cause``: ``cause_of``;
     ``context``: ``frames.context_of``)."""
     steps = max(1, env_steps)
@@ -181,18 +186,21 @@ def per_env_step(sites: Counter, env_steps: int, acting: Counter | None = None,
         kind, where, via = key
         acting_share = (acting or Counter())[key] / count
         context = (contexts or {}).get(key)
+        update_share = (updating or Counter())[key] / count
         rows.append({"where": where, "kind": kind, "count": count, "per_env_step": count / steps, "via": via,
                      "context": context,
-                     "cause": cause_of(kind, via, acting_share, count / steps * envs_per_step, context, where)})
+                     "cause": cause_of(kind, via, acting_share, count / steps * envs_per_step, context, where,
+                                       update_share)})
     return rows
 
 
 def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: float, context: str | None = None,
-             where: str = "") -> str:
+             where: str = "", update_share: float = 0.0) -> str:
     """A sync's cause: made inside an optimizer's step (its own per-parameter step counters: the for-loop
     implementation), inside ``torch.distributions`` (argument validation), a host copy inside a buffer's store
     method (rollout/replay storage filled a step at a time), inside an RL library's own code (its done/reset
-    handling and bookkeeping; a host copy once per vector step there is the env's action copy), while acting (more than one per
+    handling and bookkeeping, its ``.item()`` in an update aside: statistics; a host copy once per vector step there
+    is the env's action copy), while acting (more than one per
     vector step: actions taken env by env; one: the action copy an env step needs), a data-dependent shape,
     or else statistics and logging."""
     if kind == TO_DEVICE:
@@ -203,7 +211,7 @@ def cause_of(kind: str, via: str | None, acting_share: float, per_vector_step: f
         return DISTRIBUTION_CHECKS
     if context and context.startswith("storage:") and kind in (HOST_COPY, TO_CPU, ITEM):
         return STORAGE
-    if library_of(where):  # the library's own done/reset checks and bookkeeping; its host copy is the action's
+    if library_of(where) and not (kind == ITEM and update_share > 0.5):  # (a library's training statistics: logging)
         return ACTION_COPY if kind in (HOST_COPY, TO_CPU) and per_vector_step <= 1.5 else LIBRARY_CONTROL
     if acting_share > 0.5:
         return PER_ENV_ACTING if per_vector_step > 1.5 else ACTION_COPY

@@ -290,6 +290,8 @@ class LoopCounters:
         """Rows (first dimension of the first tensor input; a 1-D input is one row) of the acting forwards."""
         self.graph_acting: Counter[tuple[str, ...]] = Counter()
         """Acting forwards that built an autograd graph nobody used, by site (``?`` past the sampled ones)."""
+        self.update_syncs: Counter[Any] = Counter()
+        """Host-sync keys made inside an update call or on the way into one (a loss's statistics)."""
         self.acting_syncs: Counter[Any] = Counter()
         """Host-sync keys made while acting: between a forward and the env step that takes its actions."""
         self.pending: list[_Forward] = []
@@ -338,6 +340,8 @@ class LoopCounters:
                 self.update_lines.update(forward.site)
         if role == "inference":
             self.acting_syncs.update(self.pending_syncs)
+        elif role == "update":
+            self.update_syncs.update(self.pending_syncs)
         self.pending.clear()
         self.pending_syncs.clear()
 
