@@ -8,7 +8,6 @@ Each command is short and calls one module (``ablate.py``, ``sweep.py``, ``diagn
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
