@@ -30,6 +30,10 @@ def make_trainer(config: dict | None = None, *, device: str = "cpu", seed: int =
         optimizer.step()
         return loss.detach()
 
+    if backend == "failing":  # a compiler that fails: the trainer's compile raises at its first call
+        def backend(graph: Any, inputs: Any) -> Any:
+            raise RuntimeError("no C++ compiler found")
+
     policy = torch.compile(act, backend=backend)
     update = torch.compile(update, backend=backend)
     obs_np, _ = envs.reset(seed=seed)

@@ -214,3 +214,17 @@ def test_a_python_loop_over_the_batch_is_named_at_the_loops_line(
     rule = next(r for r in d["recommendations"] if r["rule"] == "batch_loop")
     assert rule["change"].startswith("a Python loop over the batch: vectorise it")
     assert f"batch_loop_trainer.py:{loop}" in rule["evidence"]
+
+
+def test_a_compile_that_fails_is_said_in_one_line_and_the_eager_path_diagnosed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    config = tmp_path / "failing.yaml"
+    config.write_text(YAML.replace("config: {num_steps: 16}", "config: {num_steps: 16, backend: failing}"))
+    code = main(["diagnose", str(config), "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)["diagnosis"]
+    assert code == 0
+    failed = [w for w in d["warnings"] if w.startswith("torch.compile of ")]
+    assert len(failed) == 2 and all("its eager path is what was diagnosed" in w for w in failed)
+    assert "no C++ compiler found" in failed[0]
+    assert d["loop"]["optimizers"] == [{"class": "Adam", "impl": "for-loop"}]  # the eager step ran

@@ -337,6 +337,7 @@ def _compile_facts(state: _State) -> dict[str, Any]:
             "recompiles": after.get("frames_compiled", 0) - before.get("frames_compiled", 0),
             "recompile_reasons": state.recompile_reasons[:10],
             "compiled_calls": dict(state.counters.compiled_calls),
+            "compile_failed": dict(state.compiled_calls.failed) if state.compiled_calls else {},
             "compiled_syncs": [{"function": name, "kind": ".item()", "count": count,
                                 "per_env_step": count / max(1, state.hooked.env_steps)}
                                for name, count in state.counters.compiled_syncs.most_common()],
@@ -355,6 +356,8 @@ def _envs_per_step(spec: VariantSpec, state: _State) -> float:
 def _warnings(d: dict[str, Any]) -> list[str]:
     """What makes a figure of this diagnosis unreliable, each with its fix."""
     loop, found = d["loop"], []
+    for name, reason in loop.get("compile_failed", {}).items():
+        found.append(f"torch.compile of {name} failed ({reason}): its eager path is what was diagnosed")
     plain, hooked = loop["plain_optimizer_steps_per_env_step"], loop["optimizer_steps_per_env_step"]
     if max(plain, hooked) > 0 and abs(plain - hooked) > 0.2 * max(plain, hooked):
         found.append(f"the calls with hooks took {hooked:.3g} optimizer steps per env step and those without "

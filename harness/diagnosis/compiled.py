@@ -92,6 +92,8 @@ class CompiledCalls:
         """Line ranges of the compiled functions' source by file: a finding there, seen in an eager replay
         (the audit), is not what the compiled code runs (``replayed``)."""
         self._stack: list[_Call] = []
+        self.failed: dict[str, str] = {}
+        """Compiled functions whose compilation failed, with the one-line reason: their eager path is diagnosed."""
 
     def note_source(self, fn: Any) -> None:
         """The source lines of a compiled callable (a function, bound method, or a compiled module's forward
@@ -119,6 +121,8 @@ class CompiledCalls:
         """A compiled function whose calls go through ``enter``/``leave`` (skipped by dynamo itself)."""
         calls = self
 
+        name = getattr(original, "__qualname__", None) or type(original).__name__
+
         def compiled_call(*args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_compiling():
                 return compiled(*args, **kwargs)
@@ -126,7 +130,14 @@ class CompiledCalls:
             view.counters.depth += 1
             output = None
             try:
-                output = compiled(*args, **kwargs)
+                if name in calls.failed:
+                    output = original(*args, **kwargs)
+                    return output
+                try:
+                    output = compiled(*args, **kwargs)
+                except torch._dynamo.exc.BackendCompilerFailed as exc:  # diagnosed eagerly from here on, said so
+                    calls.failed[name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+                    output = original(*args, **kwargs)
                 return output
             finally:
                 view.counters.depth = max(0, view.counters.depth - 1)
@@ -136,7 +147,7 @@ class CompiledCalls:
 
         skip_code(compiled_call.__code__)
         compiled_call.__wrapped__ = compiled  # type: ignore[attr-defined]
-        self.names[compiled_call] = getattr(original, "__qualname__", None) or type(original).__name__
+        self.names[compiled_call] = name
         self.note_source(original)
         return compiled_call
 
