@@ -13,6 +13,7 @@ account of its graph breaks and recompiles.
 from __future__ import annotations
 
 import gc
+import linecache
 import logging
 import os
 import re
@@ -235,6 +236,18 @@ def break_kind(text: str) -> str:
     return kind + (" (the function runs eagerly)" if "Failed to handle graph break gracefully" in text else "")
 
 
+def _wrapped_call(where: str, text: str) -> str | None:
+    """``optimizer.zero_grad()`` (or ``torch.autograd.backward()``/``grad()``) where the source line at ``where``
+    makes that call: a call rlgauge's hooks run eagerly, which dynamo breaks the graph at without them too."""
+    path, _, line = where.rpartition(":")
+    source = linecache.getline(path, int(line)) if line.isdigit() else ""
+    for needle, kind in (("zero_grad", "optimizer.zero_grad()"), ("autograd.backward", "torch.autograd.backward()"),
+                         ("autograd.grad", "torch.autograd.grad()")):
+        if needle in source:
+            return kind + (" (the function runs eagerly)" if "Failed to handle graph break" in text else "")
+    return None
+
+
 class CompileLog(logging.Handler):
     """Dynamo's graph-break and recompile records while installed, kept by ``file:line`` and kind."""
 
@@ -261,6 +274,8 @@ class CompileLog(logging.Handler):
                 if not path.startswith(_LIBRARY)]
         if user and user[-1] != where:  # broken inside a library (torch's optimizer step): at the user's call
             kind, where = f"{kind} inside {_module_of(where)}", user[-1]
+        if "disable()" in text:  # the phase hooks' eager wrappers: named as the call they wrap, which breaks alike
+            kind = _wrapped_call(where, text) or kind
         self.breaks[(kind, where)] += 1
 
     def install(self) -> None:
