@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.stats import power
 from harness.stats.intervals import CONFIDENCE, Ratio, paired_t_ratio
 
 UNCHANGED = "unchanged"
 DEFAULT_ROUNDS = 5
 """Rounds of fresh processes (one per arm); each gives ``slices.CYCLES`` pairs per arm, and one value."""
-MIN_ROUNDS = 3
+MIN_ROUNDS = power.MIN_REPEATS
 """Fewest rounds behind a verdict, and before the measurement may stop early."""
 INTERIM_CONFIDENCE = 0.99
 """The level an interval must be decisive at for the measurement to stop before its last round: stricter than the
