@@ -228,3 +228,31 @@ def test_a_compile_that_fails_is_said_in_one_line_and_the_eager_path_diagnosed(
     assert len(failed) == 2 and all("its eager path is what was diagnosed" in w for w in failed)
     assert "no C++ compiler found" in failed[0]
     assert d["loop"]["optimizers"] == [{"class": "Adam", "impl": "for-loop"}]  # the eager step ran
+
+
+def test_stacking_the_rollout_before_a_bootstrap_forward_is_the_loops_not_the_updates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from harness.diagnosis import phases
+    from harness.diagnosis.hooks import hooks
+    from harness.diagnosis.phases import LoopCounters, PhaseClock
+    from test_diagnosis import _InstantEnv
+
+    now = [0.0]  # the clock's time, moved by hand: no timed assertion
+    monkeypatch.setattr(phases.time, "perf_counter", lambda: now[0])
+    clock, counters, env = PhaseClock(), LoopCounters(), _InstantEnv()
+    net = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hooks(clock, counters):
+        clock.enabled = True
+        clock.start_window()
+        env.step(0)
+        now[0] += 5.0  # the rollout stacked (LeanRL's torch.stack(ts)), before the bootstrap value's forward
+        with torch.no_grad():
+            net(torch.ones(1, 2))
+        now[0] += 3.0  # advantages computed in Python: the update's lead-in
+        net(torch.ones(4, 2)).sum().backward()
+        optimizer.step()
+        clock.end_window()
+    assert clock.seconds["update"] == pytest.approx(3.0) and clock.seconds["inference"] == pytest.approx(0.0)

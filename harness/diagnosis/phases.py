@@ -11,7 +11,10 @@
   ``clip_grad_norm_``, optimizer ``step``/``zero_grad``; a target network's forward under
   ``no_grad`` too), those calls themselves, and the work since the last env step or update call
   that leads into it (sampling a replay, advantages): work between an env step and an update
-  belongs to that update; a graph-building forward that neither follows is the update's;
+  belongs to that update, except the loop's work on the rollout just taken where the first hooked
+  event after the env step is a forward (storing the step, stacking the rollout before a
+  bootstrap value or a compiled GAE: ``other``); a graph-building forward that neither follows is
+  the update's;
 - ``transfer``: a tensor made from NumPy data, and copies across devices (``to``, ``cpu``, ``cuda``);
 - ``other``: the rest of ``iterate()`` (bookkeeping, logging, Python).
 
@@ -74,6 +77,8 @@ class PhaseClock:
         """Seconds of graph-building forwards booked as inference since the last env step or update: an update call
         takes them with its lead-in, an env step keeps them as acting, the end of a call gives them to ``update``."""
         self._entered_graph = False
+        self._tail_from: float | None = None
+        self._tail = 0.0
         self.listeners: list[Callable[[str], None]] = []
         """Told ``update`` as an outermost update call starts (its lead-in is the update's), ``env`` as an env
         step starts (the work since the last one acted), ``end`` at the end of an ``iterate()`` call."""
@@ -89,6 +94,7 @@ class PhaseClock:
             for listener in self.listeners if phase in ("env", "update") else ():
                 listener(phase)
             now = time.perf_counter()
+            self._end_tail(now, phase == "inference")
             if phase in ("env", "inference"):
                 self._close_acting(now)
             if phase == "update" and self._anchor is not None:
@@ -137,6 +143,7 @@ class PhaseClock:
             self._acting_from = None
         if phase in ("env", "update"):
             self._graph_forward_seconds = 0.0
+            self._tail_from, self._tail = (now if phase == "env" else None), 0.0
             self._anchor, self._lead_transfer = now, 0.0
             self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
             self.host_tensors_since_anchor = 0
@@ -149,6 +156,7 @@ class PhaseClock:
         if not self.enabled or self._stack:
             return
         now = time.perf_counter()
+        self._end_tail(now, False)
         if self._anchor is not None:
             self._lead_transfer = max(0.0, now - self._anchor - self._since_anchor["transfer"])
         if self._gap_started is not None:
@@ -158,8 +166,9 @@ class PhaseClock:
         """The time since the last env step or update call, transfers aside, becomes update time (transfer up to
         its last tensor made from NumPy data)."""
         assert self._anchor is not None
-        moved = now - self._anchor - self._since_anchor["transfer"]
-        handed_over = min(moved, self._lead_transfer)  # a minibatch assembled on the host, up to its tensors
+        tail, self._tail = self._tail, 0.0  # the loop's own work right after an env step (storing it) is not moved
+        moved = max(0.0, now - self._anchor - self._since_anchor["transfer"] - tail)
+        handed_over = min(moved, max(0.0, self._lead_transfer - tail))  # a minibatch assembled on the host
         self.seconds["inference"] -= self._since_anchor["inference"]
         self.seconds["transfer"] += handed_over
         self.seconds["update"] += moved - handed_over
@@ -168,6 +177,14 @@ class PhaseClock:
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.update_host_tensors += self.host_tensors_since_anchor
         self.host_tensors_since_anchor = 0
+
+    def _end_tail(self, now: float, kept: bool) -> None:
+        """The first hooked event after an env step ends its tail. Where it is a forward (the bootstrap value, a
+        compiled GAE), the tail was the loop's work on the rollout just taken (storing the step, stacking the
+        rollout): ``kept``, it stays ``other`` rather than leading into an update; where it is a tensor made from
+        NumPy data or a copy, the tail assembled a minibatch and leads in as before."""
+        if self._tail_from is not None:
+            self._tail, self._tail_from = (now - self._tail_from if kept else 0.0), None
 
     def _close_acting(self, now: float) -> None:
         """The unhooked time from the last inference forward to now (an env step or the next forward) is acting."""
@@ -223,6 +240,7 @@ class PhaseClock:
         self._gap_started, self._hooked_in_gap, self._gap_transfer = time.perf_counter(), 0.0, 0.0
         self._acting_from, self._lead_transfer = None, 0.0
         self._anchor = time.perf_counter()
+        self._tail_from, self._tail = None, 0.0
         self._since_anchor = dict.fromkeys(HOOKED_PHASES, 0.0)
         self.host_tensors_since_anchor = 0
         self._graph_forward_seconds = 0.0
