@@ -43,7 +43,7 @@ class FakeRunner:
         params = self.workdir / f"{self.calls}.pt"
         final = torch.full((3,), self.weight.get(arm.name, 1.0))
         torch.save({"initial": {"w": torch.zeros(3)}, "final": {"w": final}}, params)
-        return {"parity": {"nonfinite": 0}, "params": str(params)}
+        return {"parity": {"nonfinite": int((~torch.isfinite(final)).sum())}, "params": str(params)}
 
     def serve(self, arm: Any) -> FakeServed:
         return FakeServed(self, arm.name)
@@ -115,6 +115,20 @@ def test_a_faster_change_that_makes_the_parameters_nan_stays_out_of_the_combinat
     trial = next(t for t in report.trials if t.name == "threads_1")
     assert trial.verdict == "faster" and trial.parity.cls == "changes the maths" and "NaN/Inf" in trial.parity.note
     assert report.combined_changes == ["no_validate_args"] and "set_num_threads" not in report.patch
+
+
+def test_a_change_is_compared_with_an_unchanged_trainer_that_ends_in_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN against NaN at the same places stays comparable (the A/A arm: identical); finite values where the
+    unchanged trainer has NaN change the maths; the table says the unchanged trainer ends in NaN."""
+    from harness.trials import report as report_module
+
+    nan = float("nan")
+    report = _session(monkeypatch, {}, {"unchanged": nan, "no_change": nan, "no_validate_args": nan,
+                                        "autocast_bf16": nan})
+    classes = {t.name: t.parity.cls for t in report.trials}
+    assert classes == {"no_change": "identical", "threads_1": "changes the maths", "no_validate_args": "identical",
+                       "autocast_bf16": "identical"}
+    assert "The unchanged trainer itself ends the maths check with 3 NaN/Inf values" in report_module.table(report)
 
 
 def test_a_combination_that_changes_the_maths_gives_no_patch_and_names_the_change(

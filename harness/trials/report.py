@@ -54,6 +54,9 @@ def table(report: TryReport) -> str:
         lines.append(f"Every arm ran with torch's default threads capped to {report.threads_cap}: other processes kept "
                      "the rest of the cores busy when the try began (run.fair_threads, as rlgauge run does; "
                      "--set run.fair_threads=false keeps the default).")
+    if report.unchanged_nonfinite:
+        lines.append(f"The unchanged trainer itself ends the maths check with {report.unchanged_nonfinite} NaN/Inf "
+                     "values: a change is compared where it is finite, and must have NaN/Inf at the same places.")
     if report.interrupted:
         lines.append("Interrupted: the pairs measured before it are shown.")
     measured = [t.effect for t in tried if t.effect and t.effect.pairs]
@@ -164,6 +167,7 @@ def as_json(report: TryReport) -> dict[str, Any]:
         "rounds_run": report.rounds_run, "combined_rounds": report.combined_rounds, "a_a": A_A,
         "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS, "threads_cap": report.threads_cap,
         "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
+        "unchanged_nonfinite": report.unchanged_nonfinite,
         "trials": [_trial(t) for t in tried],
         "skipped": [{"change": t.name, "reason": t.skip} for t in report.trials if t.skip is not None],
         "combined": {"changes": report.combined_changes, "ratio": _ratio(combined),

@@ -95,6 +95,8 @@ class TryReport:
     """Why there is no patch though changes qualified (the combination changed the maths, failed or was slower)."""
     noise: float | None = None
     """The unchanged trainer's own parity: its largest relative difference run twice from the seed."""
+    unchanged_nonfinite: int | None = None
+    """NaN/Inf values in the unchanged trainer's state after the maths check."""
     interrupted: bool = False
     failed: str | None = None
     """Why the try stopped (the unchanged trainer failed)."""
@@ -151,6 +153,7 @@ def _parities(runner: ArmRunner, trials: list[Trial], iterations: int, report: T
         raise rounds.UnchangedFailed(f"the unchanged trainer failed: {first.get('error') or second.get('error')}")
     noise = parity.compare(parity.load(first["params"]), parity.load(second["params"])).value
     report.noise = float("inf") if noise is None else noise
+    report.unchanged_nonfinite = first.get("parity", {}).get("nonfinite")
     for trial in trials:
         _check_maths(runner, trial, first, report.noise, iterations)
     return first
