@@ -131,6 +131,21 @@ def test_a_change_is_compared_with_an_unchanged_trainer_that_ends_in_nan(monkeyp
     assert "The unchanged trainer itself ends the maths check with 3 NaN/Inf values" in report_module.table(report)
 
 
+def test_a_combination_that_keeps_the_float64_ops_says_rlgauge_run_will_call_it_unstable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.trials import report as report_module
+
+    float64 = {"unchanged": 6, "no_change": 6, "threads_1": 6, "autocast_bf16": 6, "no_validate_args": 0}
+    report = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 0.8}, {}, float64=float64)
+    assert report.combined_changes == ["threads_1"]
+    assert report_module.still_unstable(report) == (
+        "Still unstable: the unchanged trainer runs 6 float64 ops and no change in the combination removes them, so "
+        "rlgauge run will call the patched trainer unstable; no_validate_args removes them, left out: slower, maths "
+        "identical.")
+    kept = _session(monkeypatch, {"threads_1": 1.3}, {}, float64=float64)
+    assert "no_validate_args" in kept.combined_changes and report_module.still_unstable(kept) == ""
+
+
 def test_a_combination_that_changes_the_maths_gives_no_patch_and_names_the_change(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each member kept the maths alone; together they do not: no patch, and the member whose addition broke it."""

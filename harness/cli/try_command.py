@@ -190,6 +190,9 @@ def try_changes(args: argparse.Namespace, spec: object, resolution: object, labe
             write_text_atomically(args.patch, result.patch)
             folder = factory[0].parent if factory[0] is not None else Path.cwd()
             say(f"try: patch written to {args.patch} (apply it: cd {folder} && patch -p1 < {args.patch.resolve()})")
+            unstable = report_module.still_unstable(result)
+            if unstable:
+                print(f"rlgauge: {unstable}", file=sys.stderr)
         elif result.no_patch:
             print(f"rlgauge: {args.patch} not written: {result.no_patch}", file=sys.stderr)
             return EXIT_NO_PATCH

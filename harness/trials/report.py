@@ -67,6 +67,9 @@ def table(report: TryReport) -> str:
     lines += ["", _combined_line(report)]
     if report.no_patch:
         lines.append(f"No patch: {report.no_patch}.")
+    unstable = still_unstable(report)
+    if unstable:
+        lines.append(unstable)
     skipped = [t for t in report.trials if t.skip is not None]
     if skipped:
         lines += ["", "Not tried:"] + [f"- {t.name}: {t.skip}" for t in skipped]
@@ -77,6 +80,23 @@ def table(report: TryReport) -> str:
         lines += ["", f"Work folder kept (requests, logs, patched copies of the failed arms): {report.workdir}"]
     lines += ["", "What each change does:"] + [f"- {t.name}: {t.change.does}; maths: {t.change.maths}" for t in tried]
     return "\n".join(lines)
+
+
+def still_unstable(report: TryReport) -> str:
+    """A line when the unchanged trainer runs float64 ops (``rlgauge run`` calls it unstable) and the combination
+    keeps them, naming the change that removes them and why it was left out; empty otherwise."""
+    ops = next((t.effect.float64_ops[0] for t in report.trials if t.effect and t.effect.float64_ops[0] is not None),
+               None)
+    chosen = [t for t in report.trials if t.name in report.combined_changes]
+    if not ops or any(t.removes_float64 for t in chosen):
+        return ""
+    line = (f"Still unstable: the unchanged trainer runs {ops} float64 ops and no change in the combination removes "
+            "them, so rlgauge run will call the patched trainer unstable")
+    remover = next((t for t in report.trials if t.removes_float64), None)
+    if remover is not None:
+        maths = remover.parity.cls if remover.parity else "not checked"
+        line += f"; {remover.name} removes them, left out: {remover.verdict}, maths {maths}"
+    return line + "."
 
 
 def _noise_floor(trials: list[Trial]) -> list[str]:
