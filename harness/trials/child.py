@@ -45,9 +45,10 @@ class Heartbeat:
 def _start(request: dict[str, Any]) -> Any:
     """The arm's process made ready for its trainer: heartbeat, import path, threads, process-wide changes; the
     spec."""
+    beat = Heartbeat(request.get("heartbeat"))  # before torch is imported: the start's silences stay short
     from harness.trials import runtime_patches
 
-    beat = Heartbeat(request.get("heartbeat"))
+    beat.beat()
     runtime_patches.on_progress = beat.beat
     _arrange_path(request["sys_path"], request.get("patched_dir"))
     _cap_threads(request)
