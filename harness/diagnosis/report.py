@@ -15,6 +15,12 @@ def _split(shares: dict[str, float], order: tuple[str, ...]) -> str:
     return ", ".join(f"{name} {shares.get(name, 0.0):.1f}%" for name in order)
 
 
+def _acting_at(d: dict[str, Any]) -> str:
+    """``, acting at FILE:LINE``: the loop's acting calls, where any were seen."""
+    sites = d.get("inference_forward_sites") or []
+    return f", acting at {', '.join(short(w) for w in sites)}" if sites else ""
+
+
 def _hot_lines(hot: dict[str, Any] | None) -> list[str]:
     """The dominant phase's hottest lines, and the Python loops over the batch among the update's."""
     if not hot or not hot["lines"]:
@@ -70,7 +76,7 @@ def report_lines(d: dict[str, Any]) -> list[str]:
         f"loop shape: {d['forwards_per_env_step']:.3f} acting forwards and "
         f"{loop['update_forwards_per_env_step']:.3f} update forwards per env step (outermost modules; "
         f"{d['rows_per_inference_forward']:.1f} rows per acting forward; {loop['envs_per_step']:g} envs per "
-        f"vector step); {loop['optimizer_steps_per_env_step']:.3g} optimizer steps per env step; "
+        f"vector step){_acting_at(d)}; {loop['optimizer_steps_per_env_step']:.3g} optimizer steps per env step; "
         f"{loop['kernels_per_env_step']:.1f} kernels per env step; optimizer: {opts}; torch threads: "
         f"{loop['torch_threads']}; envs: {', '.join(loop['env_classes']) or 'none seen'}",
         _compile_line(loop),
