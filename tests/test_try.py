@@ -8,6 +8,7 @@ session's logic (verdicts, the combination, Ctrl-C) is checked with a fake arm r
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import shutil
@@ -17,11 +18,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook
 
 from harness.cli.app import main
 from harness.trials import source_edits
 from harness.trials.catalogue import NAMES
 from harness.trials.patch_file import combined_files, unified_diff
+from harness.trials.runtime_patches import AutocastForwards
 
 TESTS = Path(__file__).resolve().parent
 PLANTED_YAML = """\
@@ -141,6 +146,47 @@ def test_autocast_on_cpu_changes_the_maths_and_stays_out_of_the_combination(plan
     assert trial["parity"]["class"] == "changes the maths" and trial["parity"]["max_rel_diff"] > 1e-4
     assert trial["verdict"] == "no verdict: 2 rounds (needs 3)"
     assert planted.data["combined"]["changes"] == []  # (with verdicts: test_the_combination_takes_...)
+
+
+AUTOCAST_YAML = """\
+trainer: try_autocast:make_trainer
+config: {rows: 16}
+run: {steps: 64, warmup_steps: 32, repeats: 2}
+"""
+
+
+def test_autocast_runs_on_a_trainer_that_copies_acting_outputs_to_numpy_and_index_adds_float32(
+        tmp_path: Path) -> None:
+    shutil.copy(TESTS / "try_autocast_trainer.py", tmp_path / "try_autocast.py")
+    (tmp_path / "autocast.yaml").write_text(AUTOCAST_YAML)
+    code, data = _try(str(tmp_path / "autocast.yaml"), *FAST, "--rounds", "2", "--repeats", "1",
+                      "--only", "autocast_bf16")
+    trial = _trial(data, "autocast_bf16")
+    assert code == 0 and trial["error"] is None, trial  # whole-iterate autocast raised in .numpy() and index_add_
+    assert trial["ratio"]["pairs"] == 2 and trial["parity"]["class"] == "changes the maths"
+    assert data["combined"]["changes"] == []
+
+
+def test_autocast_covers_the_forwards_that_record_grad_and_their_outputs_leave_as_float32() -> None:
+    seen: list[tuple[str, torch.dtype]] = []
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    autocast = AutocastForwards("cpu")
+    autocast.hook(net)
+    target = copy.deepcopy(net)  # a target network copied once hooked keeps the hooks, with its own weights
+    handle = register_module_forward_hook(lambda m, a, out: seen.append((type(m).__name__, out.dtype)))
+    try:
+        x = torch.ones(3, 4)
+        assert net(x).dtype == torch.float32 and seen[0] == ("Linear", torch.bfloat16)  # the update's forward
+        seen.clear()
+        with torch.no_grad():
+            assert net(x).dtype == torch.float32 and all(d == torch.float32 for _, d in seen)  # acting: untouched
+        seen.clear()
+        with torch.no_grad():
+            target[0].weight.zero_()
+        assert target(x).dtype == torch.float32 and seen[0] == ("Linear", torch.bfloat16)
+        assert not torch.is_autocast_enabled("cpu") and net[0].weight.abs().sum() > 0
+    finally:
+        handle.remove()
 
 
 def test_the_users_files_are_left_as_they_were(planted: SimpleNamespace) -> None:

@@ -5,7 +5,8 @@ imported, and a factory wrapper that applies the rest around the factory and eac
   TF32 matmuls, cuDNN benchmark;
 - ``trial_factory``: the user's factory with threads set after it, the modules it built recorded (torch's
   global parameter and submodule registration hooks, during the factory and the first ``iterate()``: a
-  generator builds them there), compiled where asked, and each ``iterate()`` under autocast where asked.
+  generator builds them there), compiled where asked, and their forwards under autocast where asked
+  (``AutocastForwards``).
 Guarded by ``tests/test_try.py``.
 """
 
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
+from torch.utils import _pytree as pytree
 
 OPTIMIZER_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD",
                      "Rprop")
@@ -127,14 +129,54 @@ class ModuleRecorder:
         return [m for m in alive if id(m) not in inner]
 
 
+class AutocastForwards:
+    """Autocast as AMP is used: a module's forward runs under ``torch.autocast(device_type, dtype=torch.bfloat16)``
+    only while grad is enabled (the update's forward; not acting under ``no_grad``), and its floating outputs in a
+    reduced precision leave as float32, so the loss, ``.numpy()`` and in-place ops on float32 tensors see float32.
+    The optimizer step and everything outside the forwards stay in float32. Hooks, not wrappers: a module copied
+    later (``copy.deepcopy``) keeps them and still calls its own forward."""
+
+    def __init__(self, device_type: str) -> None:
+        self._device_type = device_type
+        self._open: list[contextlib.AbstractContextManager | None] = []  # one a call in progress, innermost last
+        self._hooked: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+    def hook(self, module: nn.Module) -> None:
+        """``module``'s forward under autocast from its next call (once per module)."""
+        if module in self._hooked:
+            return
+        self._hooked.add(module)
+        module.register_forward_pre_hook(self._enter, prepend=True)  # the user's hooks see float32 outputs
+        module.register_forward_hook(self._leave, prepend=True, always_call=True)
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        context = None
+        if torch.is_grad_enabled() and not torch.is_autocast_enabled(self._device_type):
+            context = torch.autocast(device_type=self._device_type, dtype=torch.bfloat16)
+            context.__enter__()
+        self._open.append(context)
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> Any:
+        context = self._open.pop() if self._open else None
+        if context is None:
+            return None
+        context.__exit__(None, None, None)
+        return pytree.tree_map_only(torch.Tensor, _as_float32, output)
+
+
+def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+
+
 class TrialTrainer:
-    """The user's trainer with the per-call changes: autocast around ``iterate()``, modules recorded until the
-    first call has run (then compiled where asked). Anything else is the user's object's."""
+    """The user's trainer with the per-call changes: modules recorded until the first call has run (then compiled,
+    or their forwards autocast, where asked). Anything else is the user's object's."""
 
     def __init__(self, inner: Any, names: list[str], recorder: ModuleRecorder, device_type: str) -> None:
-        self._inner, self._names, self._recorder, self._device_type = inner, names, recorder, device_type
+        self._inner, self._names, self._recorder = inner, names, recorder
         self._first_done = False
         self._compiled: set[int] = set()
+        self._autocast = AutocastForwards(device_type) if "autocast_bf16" in names else None
         self._compile_found()
 
     def __getattr__(self, name: str) -> Any:
@@ -145,26 +187,25 @@ class TrialTrainer:
         """The top-level modules the factory (and a generator's first call) built."""
         return self._recorder.top_level()
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if "autocast_bf16" not in self._names:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self._device_type, dtype=torch.bfloat16)
-
     def _compile_found(self) -> None:
+        """The modules found so far compiled, or their forwards autocast, where asked."""
+        roots = callable_roots(self._recorder.top_level())
+        if self._autocast is not None:
+            for module in roots:
+                self._autocast.hook(module)
         if "compile_modules" not in self._names:
             return
-        for module in callable_roots(self._recorder.top_level()):
+        for module in roots:
             if id(module) not in self._compiled:
                 compile_module(module)
                 self._compiled.add(id(module))
 
     def iterate(self) -> Any:
         if self._first_done:
-            with self._autocast():
-                done = self._inner.iterate()
+            done = self._inner.iterate()
             on_progress()
             return done
-        with self._recorder, self._autocast():
+        with self._recorder:
             done = self._inner.iterate()
         self._first_done = True
         after_factory(self._names)
