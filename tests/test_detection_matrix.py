@@ -168,7 +168,8 @@ def test_an_interrupted_matrix_keeps_its_cells_and_prints_what_is_missing(tmp_pa
     workdir = tmp_path / "work"
     monkeypatch.chdir(repo)
 
-    def interrupted(repo_: Path, workdir_: Path, plants: list, chosen: list, runs: int, busy: int) -> matrix.State:
+    def interrupted(repo_: Path, workdir_: Path, plants: list, chosen: list, runs: int, busy: int,
+                    base: str = "HEAD") -> matrix.State:
         state = matrix.State(workdir_ / "state.json", matrix.check_repository(repo_))
         state.data.update(plants=plants, gates=chosen, runs=runs, busy=busy)
         state.put(chosen[0], plants[0], 1, gates.Verdict(gates.MISSED, "", 1.0))
@@ -181,3 +182,10 @@ def test_an_interrupted_matrix_keeps_its_cells_and_prints_what_is_missing(tmp_pa
     out = capsys.readouterr().out
     assert "interrupted; the cells measured are kept" in out and "| aa: A/A" in out and "0/1" in out
     assert "Missing: 1 cells (asv counts|busy_thread|1)" in out
+
+
+def test_a_base_that_is_not_a_commit_is_refused(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    with pytest.raises(UserError, match="--base nope: not a commit"):
+        matrix.check_repository(repo, "nope")
+    assert matrix.check_repository(repo, "HEAD") == matrix.check_repository(repo)

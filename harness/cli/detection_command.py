@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--doc", type=Path, metavar="FILE.md",
                         help="replace the table between the detection-matrix markers of this file "
                              "(docs/tracking.md)")
+    parser.add_argument("--base", default="HEAD", metavar="REF",
+                        help="the commit the plants are made on and measured against (default: HEAD)")
     parser.add_argument("--table-only", action="store_true", help="print the table of the saved cells; measure nothing")
 
 
@@ -60,16 +62,16 @@ def cmd_detection_matrix(args: argparse.Namespace) -> int:
     workdir = args.workdir or matrix.default_workdir(repo)
     code = EXIT_OK
     if args.table_only:
-        base = matrix.check_repository(repo)
+        base = matrix.check_repository(repo, args.base)
         if not (workdir / "state.json").exists():
             raise UserError(f"{workdir / 'state.json'}: no saved cells; run the matrix first")
         state = matrix.State(workdir / "state.json", base)
     else:
         try:
-            state = matrix.measure(repo, workdir, plants, chosen, args.runs, args.busy)
+            state = matrix.measure(repo, workdir, plants, chosen, args.runs, args.busy, args.base)
         except KeyboardInterrupt:
             print("rlgauge: interrupted; the cells measured are kept (rerun to measure the rest)")
-            state = matrix.State(workdir / "state.json", matrix.check_repository(repo))
+            state = matrix.State(workdir / "state.json", matrix.check_repository(repo, args.base))
             code = EXIT_INTERRUPTED
     text = matrix.table(state)
     print(text, end="")

@@ -115,8 +115,8 @@ def plugin(clone: Path, baseline: Path, scratch: Path) -> Verdict:
     """The pytest plugin in a user's suite: ``assert_no_regression`` of the plant commit against the base's result."""
     test = scratch / "test_rlgauge_plugin_gate.py"
     test.write_text(PLUGIN_TEST.format(preset=GATE_PRESET, baseline=str(baseline), **PLUGIN_ARGS), encoding="utf-8")
-    code, out, seconds = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                               "harness.integrations.pytest_plugin", "--rootdir", str(scratch), str(test)], clone)
+    code, out, seconds = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+                               str(scratch), str(test)], clone)
     if code == 0 and " skipped" in out:
         return Verdict(NO_VERDICT, _last_line(out), seconds)
     return Verdict(MISSED if code == 0 else CAUGHT if code == 1 else FAILED, _last_line(out), seconds)

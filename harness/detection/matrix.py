@@ -35,13 +35,18 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def check_repository(repo: Path) -> str:
-    """The base commit (HEAD); a dirty tree or a folder without git history is refused (bad input)."""
-    inside = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo,
-                            capture_output=True, text=True)
-    if inside.returncode != 0:
+def check_repository(repo: Path, base: str = "HEAD") -> str:
+    """The base commit (``base``, HEAD by default); a dirty tree or a folder without git history is refused (bad
+    input), and so is a ``base`` that is not a commit here."""
+    head = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo,
+                          capture_output=True, text=True)
+    if head.returncode != 0:
         raise UserError(f"{repo}: no git history here; the detection matrix plants commits on top of HEAD "
                         "(run it in a clone of the project)")
+    inside = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}"], cwd=repo,
+                            capture_output=True, text=True)
+    if inside.returncode != 0:
+        raise UserError(f"--base {base}: not a commit in {repo}; give a branch, a tag or a commit hash")
     if _git(repo, "status", "--porcelain", "--untracked-files=no"):
         raise UserError(f"{repo}: uncommitted changes; the matrix measures commits only "
                         "(commit or stash them first)")
@@ -126,9 +131,9 @@ def _log(message: str) -> None:
 
 
 def measure(repo: Path, workdir: Path, plants: Sequence[str], chosen: Sequence[str], runs: int,
-            busy: int) -> State:
+            busy: int, base_ref: str = "HEAD") -> State:
     """Every missing (gate, plant, run) cell; returns the state with what was measured."""
-    base = check_repository(repo)
+    base = check_repository(repo, base_ref)
     workdir.mkdir(parents=True, exist_ok=True)
     state = State(workdir / "state.json", base)
     known_plants, known_gates = state.data.get("plants", []), state.data.get("gates", [])
