@@ -20,7 +20,6 @@ reported with the error (``DiagnosisFailed``).
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +37,7 @@ from harness.diagnosis.flag_advice import (  # noqa: F401 - the preset flag advi
     phase_shares)
 from harness.diagnosis.float64_sites import float64_finder, float64_sites
 from harness.diagnosis.frames import SiteFinder, raise_site, short
-from harness.diagnosis.hot_lines import LineKernels, batch_loops, hot_lines
+from harness.diagnosis.hot_lines import LineKernels, hot_summary
 from harness.diagnosis.host_syncs import HostSyncFinder, cuda_sync_warnings, per_env_step
 from harness.diagnosis.loop_shape import KernelCounter, compile_counters, optimizers
 from harness.diagnosis.compiled import CompileLog
@@ -258,8 +257,8 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
         "float64": float64_sites(wide) if wide is not None else [],
         "forwards_per_env_step": counters.forwards["inference"] / steps,
         "rows_per_inference_forward": counters.inference_rows / max(1, counters.forwards["inference"]),
-        "inference_forward_sites": _acting_sites(counters),
-        "graph_building_acting": _graph_acting(counters, steps),
+        "inference_forward_sites": counters.acting_sites(),
+        "graph_building_acting": counters.unused_acting_graphs(steps),
         "loop": {
             "envs_per_step": envs_per_step,
             "calls_per_block": state.block,
@@ -278,7 +277,8 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
                      "hooks_pct": 100.0 * (plain_rate / hooked_rate - 1.0) if plain_rate and hooked_rate else None},
         "ran_out": state.ran_out,
     }
-    d["hot_lines"] = _hot_lines(d, state)
+    d["hot_lines"] = hot_summary(state.lines, d["phases"],
+                                 max(1, state.audit_counters.optimizer_steps, state.audit.optimizer_steps))
     if state.compiled:  # the audit replays compiled functions eagerly: what it saw inside them is marked
         for row in (*d["host_syncs"], *d["float64"], *d["hot_lines"]["lines"]):
             row["eager_replay_only"] = state.compiled_calls.replayed(row["where"])
@@ -287,43 +287,6 @@ def _result(spec: VariantSpec, resolution: Any, target: str, state: _State) -> d
     if not own:
         d["flag_advice"] = _flag_advice(resolution, d, plain_rate)
     return d
-
-
-def _hot_lines(d: dict[str, Any], state: _State) -> dict[str, Any]:
-    """The dominant phase's hottest user lines in the audit, and the Python loops over the batch among them."""
-    shares = {"update": d["phases"]["update"], "acting": d["phases"]["inference"], "env": d["phases"]["env"],
-              "transfer": d["phases"]["transfer"]}
-    phase = max(shares, key=lambda name: shares[name])
-    if state.lines is None:
-        return {"phase": phase, "lines": [], "batch_loops": []}
-    updates = max(1, state.audit_counters.optimizer_steps, state.audit.optimizer_steps)
-    lines = hot_lines(state.lines, phase, updates)
-    loops = batch_loops(hot_lines(state.lines, "update", updates, top=10))
-    return {"phase": phase, "lines": lines, "batch_loops": loops}
-
-
-def _acting_sites(counters: LoopCounters) -> list[str]:
-    """The three most frequent acting call sites, each at the loop's call (``LoopCounters.site_of``)."""
-    sites: Counter[str] = Counter()
-    for chain, count in counters.inference_sites.items():
-        sites[counters.site_of(chain)] += count
-    return [where for where, _ in sites.most_common(3)]
-
-
-def _graph_acting(counters: LoopCounters, steps: int) -> list[dict[str, Any]]:
-    """Acting forwards that built a graph no backward went through, by the loop's call site."""
-    sites: Counter[str] = Counter()
-    sampled = [chain for chain in counters.graph_acting if chain != ("?",)]
-    all_used = bool(sampled) and all(chain in counters.graph_used for chain in sampled)
-    for chain, count in counters.graph_acting.items():
-        if chain not in counters.graph_used and not (chain == ("?",) and all_used):
-            sites[counters.site_of(chain) if chain != ("?",) else "?"] += count
-    unsampled = sites.pop("?", 0)
-    if unsampled and sites:  # forwards past the sampled ones: at the sampled forwards' most frequent site
-        sites[sites.most_common(1)[0][0]] += unsampled
-    elif unsampled:
-        sites["?"] = unsampled
-    return [{"where": where, "per_env_step": count / steps} for where, count in sites.most_common()]
 
 
 def _compile_facts(state: _State) -> dict[str, Any]:

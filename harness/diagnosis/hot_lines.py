@@ -124,3 +124,14 @@ def _for_spans(path: str) -> tuple[tuple[int, int], ...]:
         return ()
     kinds = (ast.For, ast.AsyncFor, ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)
     return tuple((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree) if isinstance(node, kinds))
+
+
+def hot_summary(counter: LineKernels | None, phases: dict[str, float], updates: int) -> dict[str, Any]:
+    """``{phase, lines, batch_loops}``: the dominant phase's hottest lines and the update's Python batch loops."""
+    shares = {"update": phases["update"], "acting": phases["inference"], "env": phases["env"],
+              "transfer": phases["transfer"]}
+    phase = max(shares, key=lambda name: shares[name])
+    if counter is None:
+        return {"phase": phase, "lines": [], "batch_loops": []}
+    return {"phase": phase, "lines": hot_lines(counter, phase, updates),
+            "batch_loops": batch_loops(hot_lines(counter, "update", updates, top=10))}

@@ -363,6 +363,29 @@ class LoopCounters:
         self.pending.clear()
         self.pending_syncs.clear()
 
+    def acting_sites(self) -> list[str]:
+        """The three most frequent acting call sites, each at the loop's call (``site_of``)."""
+        sites: Counter[str] = Counter()
+        for chain, count in self.inference_sites.items():
+            sites[self.site_of(chain)] += count
+        return [where for where, _ in sites.most_common(3)]
+
+    def unused_acting_graphs(self, steps: int) -> list[dict[str, Any]]:
+        """``[{where, per_env_step}]``: acting forwards that built a graph no backward went through, by the loop's
+        call site (the unsampled ones at the most frequent sampled site)."""
+        sites: Counter[str] = Counter()
+        sampled = [chain for chain in self.graph_acting if chain != ("?",)]
+        all_used = bool(sampled) and all(chain in self.graph_used for chain in sampled)
+        for chain, count in self.graph_acting.items():
+            if chain not in self.graph_used and not (chain == ("?",) and all_used):
+                sites[self.site_of(chain) if chain != ("?",) else "?"] += count
+        unsampled = sites.pop("?", 0)
+        if unsampled and sites:
+            sites[sites.most_common(1)[0][0]] += unsampled
+        elif unsampled:
+            sites["?"] = unsampled
+        return [{"where": where, "per_env_step": count / steps} for where, count in sites.most_common()]
+
     def sync_seen(self, key: Any) -> None:
         """A host sync (``host_syncs``): acting when an env step follows before an update call."""
         if self.pending:
