@@ -211,15 +211,16 @@ def _cell(state: State, gate: str, plant: str, runs: int) -> str:
 
 
 def _ci_cell(state: State, plant: str, runs: int, chosen: Sequence[str]) -> str:
-    """Caught by CI in a run: any gate CI runs flagged it (a gate without verdict passes in CI)."""
+    """Caught by CI in a run: any gate CI runs flagged it (a gate without verdict passes in CI). A run counts once a
+    CI gate caught it, or once every CI gate was measured in it."""
     in_ci = [g for g in gates.IN_CI if g in chosen]
     caught, done = 0, 0
     for run in range(1, runs + 1):
         outcomes = [state.cells.get(f"{g}|{plant}|{run}", {}).get("outcome") for g in in_ci]
-        if any(o is None for o in outcomes):
-            continue
-        done += 1
-        caught += any(o == gates.CAUGHT for o in outcomes)
+        if any(o == gates.CAUGHT for o in outcomes):
+            caught, done = caught + 1, done + 1
+        elif outcomes and all(o is not None for o in outcomes):
+            done += 1
     return f"{caught}/{done}" if done else "missing"
 
 
