@@ -170,7 +170,7 @@ def cuda_sync_warnings(device: torch.device, finder: SiteFinder, sites: Counter,
 OPTIMIZER, DISTRIBUTION_CHECKS, PER_ENV_ACTING, ACTION_COPY, DATA_DEPENDENT, LOGGING, STORAGE, LIBRARY_CONTROL, \
     BLOCKING_TRANSFER = (
         "optimizer step", "distribution argument checks", "per-env acting", "action copy", "data-dependent shape",
-        "logging/statistics", "per-step copy into a buffer", "library done/reset handling",
+        "logging/statistics", "per-step copy into a buffer", "library done/reset handling and bookkeeping",
         "blocking host-to-device copy")
 """What each sync is for (``causes``): each points to its own fix (``recommendations``)."""
 
