@@ -167,26 +167,40 @@ def test_autocast_runs_on_a_trainer_that_copies_acting_outputs_to_numpy_and_inde
     assert data["combined"]["changes"] == []
 
 
-def test_autocast_covers_the_forwards_that_record_grad_and_their_outputs_leave_as_float32() -> None:
-    seen: list[tuple[str, torch.dtype]] = []
-    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+class _Policy(nn.Module):
+    """SB3's shape: the update calls its children through a method, never ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 2)
+
+    def evaluate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_autocast_covers_the_update_forwards_whatever_calls_them_and_their_outputs_leave_as_float32() -> None:
+    policy = _Policy()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
     autocast = AutocastForwards("cpu")
-    autocast.hook(net)
-    target = copy.deepcopy(net)  # a target network copied once hooked keeps the hooks, with its own weights
-    handle = register_module_forward_hook(lambda m, a, out: seen.append((type(m).__name__, out.dtype)))
+    seen: list[tuple[str, torch.dtype]] = []
+    record = register_module_forward_hook(lambda m, a, out: seen.append((type(m).__name__, out.dtype)))
     try:
         x = torch.ones(3, 4)
-        assert net(x).dtype == torch.float32 and seen[0] == ("Linear", torch.bfloat16)  # the update's forward
-        seen.clear()
         with torch.no_grad():
-            assert net(x).dtype == torch.float32 and all(d == torch.float32 for _, d in seen)  # acting: untouched
+            assert policy.evaluate(x).dtype == torch.float32 and {d for _, d in seen} == {torch.float32}  # acting
         seen.clear()
-        with torch.no_grad():
-            target[0].weight.zero_()
-        assert target(x).dtype == torch.float32 and seen[0] == ("Linear", torch.bfloat16)
-        assert not torch.is_autocast_enabled("cpu") and net[0].weight.abs().sum() > 0
+        out = policy.evaluate(x)  # the update
+        assert out.dtype == torch.float32 and ("Linear", torch.bfloat16) in seen
+        out.sum().backward()
+        optimizer.step()
+        autocast.iteration_done()  # stepped: the finding hooks go, the modules found keep theirs
+        target = copy.deepcopy(policy)  # a target network copied now keeps them, with its own weights
+        seen.clear()
+        assert target.evaluate(x).dtype == torch.float32 and seen[0] == ("Linear", torch.bfloat16)
+        assert not torch.is_autocast_enabled("cpu")
     finally:
-        handle.remove()
+        record.remove()
+        autocast.close()
 
 
 def test_the_users_files_are_left_as_they_were(planted: SimpleNamespace) -> None:

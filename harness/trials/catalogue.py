@@ -60,9 +60,9 @@ CHANGES: dict[str, Change] = {c.name: c for c in (
     Change("compile_modules", RUNTIME, "every top-level nn.Module the factory built (a holder without forward: its "
            "children) compiled once built; torch's compiler also turns distribution argument checks off in the process",
            "the same ops fused by the compiler; rounding may differ in the last bits", ("uncompiled_update",)),
-    Change("autocast_bf16", RUNTIME, "each top-level module's forward (a holder without forward: its children's) "
-           "under torch.autocast(device type, dtype=torch.bfloat16) while grad is enabled (the update's forward, not "
-           "acting under no_grad), its floating outputs cast back to float32; the loss and optimizer step outside",
+    Change("autocast_bf16", RUNTIME, "the forward of each module called outermost while grad is enabled (the update's "
+           "forwards, whatever method calls them; not acting under no_grad) under torch.autocast(device type, "
+           "dtype=torch.bfloat16), its floating outputs cast back to float32; the loss and optimizer step outside",
            "the forwards' matmuls and convolutions in bfloat16 (8-bit mantissa): results change", ("cuda_update",),
            always=True),
     Change("matmul_precision", RUNTIME, "torch.set_float32_matmul_precision('high'): float32 matmuls in TF32",

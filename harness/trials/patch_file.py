@@ -22,8 +22,8 @@ from harness.trials.source_edits import _after_last_argument, _aliases, _dotted,
 MARK = "# rlgauge try:"
 _COMMENTS = {
     "compile_modules": "call .compile() on each nn.Module once it is built (measured: every top-level module)",
-    "autocast_bf16": "run each module's forward under torch.autocast(device_type, dtype=torch.bfloat16) where grad "
-                     "is enabled (the update, not acting under no_grad), its outputs cast back to float32",
+    "autocast_bf16": "run the update's module calls under torch.autocast(device_type, dtype=torch.bfloat16) "
+                     "(not acting under no_grad), their outputs cast back to float32, the optimizer step outside",
 }
 
 

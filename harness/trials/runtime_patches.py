@@ -5,7 +5,7 @@ imported, and a factory wrapper that applies the rest around the factory and eac
   TF32 matmuls, cuDNN benchmark;
 - ``trial_factory``: the user's factory with threads set after it, the modules it built recorded (torch's
   global parameter and submodule registration hooks, during the factory and the first ``iterate()``: a
-  generator builds them there), compiled where asked, and their forwards under autocast where asked
+  generator builds them there), compiled where asked, and the update's forwards under autocast where asked
   (``AutocastForwards``).
 Guarded by ``tests/test_try.py``.
 """
@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils import _pytree as pytree
 
 OPTIMIZER_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD",
@@ -130,16 +131,24 @@ class ModuleRecorder:
 
 
 class AutocastForwards:
-    """Autocast as AMP is used: a module's forward runs under ``torch.autocast(device_type, dtype=torch.bfloat16)``
-    only while grad is enabled (the update's forward; not acting under ``no_grad``), and its floating outputs in a
-    reduced precision leave as float32, so the loss, ``.numpy()`` and in-place ops on float32 tensors see float32.
-    The optimizer step and everything outside the forwards stay in float32. Hooks, not wrappers: a module copied
-    later (``copy.deepcopy``) keeps them and still calls its own forward."""
+    """Autocast as AMP is used: the forward of each module called outermost while grad is enabled (the update's
+    forwards, whatever method calls them; not acting under ``no_grad``) runs under ``torch.autocast(device_type,
+    dtype=torch.bfloat16)``, and its outputs in a reduced precision leave as float32, so the loss, ``.numpy()`` and
+    in-place ops on float32 tensors see float32; the optimizer step and the code between forwards stay float32.
+
+    Those modules are found by global module hooks until the ``iterate()`` in which an optimizer stepped (its
+    forwards came first), then hooked one by one: hooks, not wrappers, so a module copied later
+    (``copy.deepcopy``) keeps them and calls its own forward."""
 
     def __init__(self, device_type: str) -> None:
         self._device_type = device_type
-        self._open: list[contextlib.AbstractContextManager | None] = []  # one a call in progress, innermost last
+        self._open: list[contextlib.AbstractContextManager | None] = []  # one a hooked call in progress
         self._hooked: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._depth = 0  # module calls in progress, while finding
+        self._stepped = False
+        self._finding = [module_hooks.register_module_forward_pre_hook(self._find),
+                         module_hooks.register_module_forward_hook(self._found, always_call=True),
+                         register_optimizer_step_post_hook(self._on_step)]
 
     def hook(self, module: nn.Module) -> None:
         """``module``'s forward under autocast from its next call (once per module)."""
@@ -149,9 +158,34 @@ class AutocastForwards:
         module.register_forward_pre_hook(self._enter, prepend=True)  # the user's hooks see float32 outputs
         module.register_forward_hook(self._leave, prepend=True, always_call=True)
 
+    def iteration_done(self) -> None:
+        """Stop finding once an ``iterate()`` stepped an optimizer."""
+        if self._stepped:
+            self.close()
+
+    def close(self) -> None:
+        for handle in self._finding:
+            handle.remove()
+        self._finding = []
+
+    def _find(self, module: nn.Module, args: Any) -> None:
+        if self._depth == 0 and module not in self._hooked and self._autocasts():
+            self.hook(module)
+            self._enter(module, args)  # this call too: its pre-hooks were read before ours was added
+        self._depth += 1
+
+    def _found(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
+
+    def _autocasts(self) -> bool:
+        return torch.is_grad_enabled() and not torch.is_autocast_enabled(self._device_type)
+
     def _enter(self, module: nn.Module, args: Any) -> None:
         context = None
-        if torch.is_grad_enabled() and not torch.is_autocast_enabled(self._device_type):
+        if self._autocasts():
             context = torch.autocast(device_type=self._device_type, dtype=torch.bfloat16)
             context.__enter__()
         self._open.append(context)
@@ -169,8 +203,8 @@ def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class TrialTrainer:
-    """The user's trainer with the per-call changes: modules recorded until the first call has run (then compiled,
-    or their forwards autocast, where asked). Anything else is the user's object's."""
+    """The user's trainer with the per-call changes: modules recorded until the first call has run (then compiled
+    where asked), the update's forwards under autocast where asked. Anything else is the user's object's."""
 
     def __init__(self, inner: Any, names: list[str], recorder: ModuleRecorder, device_type: str) -> None:
         self._inner, self._names, self._recorder = inner, names, recorder
@@ -188,14 +222,9 @@ class TrialTrainer:
         return self._recorder.top_level()
 
     def _compile_found(self) -> None:
-        """The modules found so far compiled, or their forwards autocast, where asked."""
-        roots = callable_roots(self._recorder.top_level())
-        if self._autocast is not None:
-            for module in roots:
-                self._autocast.hook(module)
         if "compile_modules" not in self._names:
             return
-        for module in roots:
+        for module in callable_roots(self._recorder.top_level()):
             if id(module) not in self._compiled:
                 compile_module(module)
                 self._compiled.add(id(module))
@@ -203,10 +232,14 @@ class TrialTrainer:
     def iterate(self) -> Any:
         if self._first_done:
             done = self._inner.iterate()
+            if self._autocast is not None:
+                self._autocast.iteration_done()
             on_progress()
             return done
         with self._recorder:
             done = self._inner.iterate()
+        if self._autocast is not None:
+            self._autocast.iteration_done()
         self._first_done = True
         after_factory(self._names)
         self._compile_found()
@@ -214,6 +247,8 @@ class TrialTrainer:
         return done
 
     def close(self) -> None:
+        if self._autocast is not None:
+            self._autocast.close()
         self._inner.close()
 
 
