@@ -256,3 +256,22 @@ def test_stacking_the_rollout_before_a_bootstrap_forward_is_the_loops_not_the_up
         optimizer.step()
         clock.end_window()
     assert clock.seconds["update"] == pytest.approx(3.0) and clock.seconds["inference"] == pytest.approx(0.0)
+
+
+def test_torch_compile_used_as_a_decorator_with_options_is_timed_from_outside() -> None:
+    import torch
+
+    from harness.diagnosis.hooks import hooks
+    from harness.diagnosis.phases import LoopCounters, PhaseClock
+
+    clock, counters = PhaseClock(), LoopCounters()
+    with hooks(clock, counters) as hook_set:
+        @torch.compile(backend="eager")
+        def double(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        clock.enabled = True
+        assert double(torch.ones(2)).tolist() == [2.0, 2.0]
+        counters.resolve(None)
+    assert hook_set.view.compiled.roles == {double: "forward"} and counters.compiled_calls == {"forward": 1}
+    assert torch.compile.__module__ == "torch"  # removed on leaving
