@@ -189,3 +189,12 @@ def test_a_base_that_is_not_a_commit_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--base nope: not a commit"):
         matrix.check_repository(repo, "nope")
     assert matrix.check_repository(repo, "HEAD") == matrix.check_repository(repo)
+
+
+def test_a_failed_test_is_caught_even_when_xdist_ends_the_run_as_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = "FAILED tests/test_flag_effects_ppo.py::test_sync_free_logging[True-ppo] - AssertionError\n!!! stopping\n"
+    monkeypatch.setattr(gates, "_run", lambda command, clone, timeout=0: (2, out, 5.0))
+    verdict = gates.property_tests(Path("."))
+    assert verdict.outcome == gates.CAUGHT and "test_sync_free_logging" in verdict.detail
+    monkeypatch.setattr(gates, "_run", lambda command, clone, timeout=0: (2, "ERROR collecting\n", 5.0))
+    assert gates.property_tests(Path(".")).outcome == gates.FAILED

@@ -128,7 +128,10 @@ def property_tests(clone: Path) -> Verdict:
                                "-m", "not slow", *TESTS], clone)
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
     detail = failed[0][:300] if failed else _last_line(out)
-    return Verdict(MISSED if code == 0 else CAUGHT if code == 1 else FAILED, detail, seconds)
+    if code == 0:
+        return Verdict(MISSED, detail, seconds)
+    # -x under xdist ends a run with a failed test as interrupted (exit 2): a failed test is what was caught
+    return Verdict(CAUGHT if failed and code in (1, 2) else FAILED, detail, seconds)
 
 
 def _compare_rows(output: str) -> list[tuple[str, str, str]]:
