@@ -1,4 +1,5 @@
-"""A distributional-DQN-shaped update with a Python loop over the batch's rows (CleanRL c51's projection)."""
+"""A distributional-DQN-shaped update with a Python loop over the batch's rows (CleanRL c51's projection); with
+``minibatches``, a PPO-shaped update instead: a loop over minibatches whose body takes an optimizer step."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ def make_trainer(config: dict | None = None, *, device: str = "cpu", seed: int =
     net = torch.nn.Linear(4, 8)
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
     batch = torch.randn(32, 4)
+    while (config or {}).get("minibatches"):
+        for start in range(0, len(batch), 8):  # a minibatch loop: one optimizer step an iteration
+            loss = net(batch[start:start + 8]).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        yield 4
     while True:
         with torch.no_grad():
             target = net(batch)

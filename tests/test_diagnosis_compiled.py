@@ -275,3 +275,15 @@ def test_torch_compile_used_as_a_decorator_with_options_is_timed_from_outside() 
         counters.resolve(None)
     assert hook_set.view.compiled.roles == {double: "forward"} and counters.compiled_calls == {"forward": 1}
     assert torch.compile.__module__ == "torch"  # removed on leaving
+
+
+def test_a_minibatch_loop_that_steps_the_optimizer_is_not_a_batch_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    config = tmp_path / "minibatches.yaml"
+    config.write_text("trainer: batch_loop_trainer:make_trainer\nconfig: {minibatches: true}\n"
+                      "variants: {baseline: {}}\nrun: {steps: 64, warmup_steps: 8, repeats: 1}\n")
+    code = main(["diagnose", str(config), "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)["diagnosis"]
+    assert code == 0 and d["hot_lines"]["phase"] == "update" and d["hot_lines"]["lines"]
+    assert d["hot_lines"]["batch_loops"] == [] and "batch_loop" not in {r["rule"] for r in d["recommendations"]}

@@ -56,8 +56,11 @@ class Stepping:
         if not self.optimizers and not self._scanned:  # built before the hooks: found once among live objects
             self._scanned = True
             for obj in gc.get_objects():
-                if isinstance(obj, torch.optim.Optimizer):
-                    self.optimizers.add(obj)
+                try:
+                    if isinstance(obj, torch.optim.Optimizer):
+                        self.optimizers.add(obj)
+                except ReferenceError:  # a dead weak proxy among the live objects
+                    continue
         return [(o, sum(p._version for g in o.param_groups for p in g["params"])) for o in list(self.optimizers)]
 
     @staticmethod

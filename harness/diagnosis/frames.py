@@ -82,6 +82,13 @@ class SiteFinder:
             frame = frame.f_back
         return tuple(found or methods) or ("?",)
 
+    def frame(self, depth: int = 1) -> FrameType | None:
+        """The innermost frame in user code above the caller, or None."""
+        frame = sys._getframe(depth)
+        while frame is not None and self._skip(frame.f_code.co_filename):
+            frame = frame.f_back
+        return frame
+
     def where(self, depth: int = 1) -> str:
         """``file:line`` of the innermost frame in user code above the caller, or ``?`` where none is."""
         frame = sys._getframe(depth)

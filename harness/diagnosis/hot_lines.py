@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 import linecache
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -29,6 +30,10 @@ SMALL_OP_ELEMENTS = 1024
 """Outputs of at most this many elements on average make a line's kernels small (launch-bound)."""
 LOOP_KERNELS_PER_UPDATE = 16
 """A line inside a ``for`` loop launching at least this many kernels per optimizer step repeats per row."""
+LOOP_RUNS_PER_UPDATE = 8
+"""... and running at least this many times per optimizer step (a minibatch loop's body runs once a step)."""
+_BATCH = re.compile(r"\.size\(0\)|\.shape\[0\]|\blen\(|batch|\brows?\b|\bnum_rows\b")
+"""A loop header that iterates over the batch's rows (``range(target_pmfs.size(0))``), not over time steps."""
 
 
 class LineKernels(TorchDispatchMode):
@@ -40,34 +45,47 @@ class LineKernels(TorchDispatchMode):
         self.kernels: Counter[tuple[str, str]] = Counter()
         self.seconds: Counter[tuple[str, str]] = Counter()
         self.elements: Counter[tuple[str, str]] = Counter()
-        self._pending: list[tuple[str, int, float, int]] = []
+        self.visits: Counter[tuple[str, str]] = Counter()
+        """Runs of consecutive ops from one line: how many times the line itself ran (a loop body: once a row)."""
+        self._pending: list[tuple[str, int, float, int, int]] = []
+        self._last: tuple[str, int] | None = None
+        self._fresh: str | None = None
         clock.listeners.append(self._settle)
 
     def _settle(self, event: str) -> None:
         """The ops waiting for a role take it: an update call's lead-in, an env step's acting, or the end's."""
         phase = {"update": "update", "env": "acting"}.get(event, "other")
-        for where, kernels, seconds, elements in self._pending:
+        for where, kernels, seconds, elements, visit in self._pending:
             self.kernels[(phase, where)] += kernels
             self.seconds[(phase, where)] += seconds
             self.elements[(phase, where)] += elements
+            self.visits[(phase, where)] += visit
         self._pending.clear()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        frame = self.finder.frame(2)
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+        position = (where, frame.f_lasti if frame is not None else 0)
+        last, self._last = self._last, position  # views count here: a loop body's indexing marks a new row
+        if last is None or last[0] != where or position[1] < last[1]:
+            self._fresh = where  # a new run of this line: another line, or this one again from an earlier offset
         if is_free(func):
             return func(*args, **(kwargs or {}))
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         took = time.perf_counter() - start
-        where = self.finder.where(2)
         elements = int(getattr(out, "numel", lambda: 0)()) if hasattr(out, "numel") else 0
+        visit = int(self._fresh == where)
+        self._fresh = None if visit else self._fresh
         current = self.clock.current
         if current is None or current == "inference":
-            self._pending.append((where, 1, took, elements))
+            self._pending.append((where, 1, took, elements, visit))
         else:
             key = (PHASE_OF.get(current, current), where)
             self.kernels[key] += 1
             self.seconds[key] += took
             self.elements[key] += elements
+            self.visits[key] += visit
         return out
 
 
@@ -82,6 +100,7 @@ def hot_lines(counter: LineKernels, phase: str, updates: int, top: int = 5) -> l
     return [{"where": w, "kernels": kernels[w], "kernel_share": 100.0 * kernels[w] / total_k,
              "time_share": 100.0 * seconds.get(w, 0.0) / total_s,
              "kernels_per_update": kernels[w] / max(1, updates),
+             "runs_per_update": counter.visits[(phase, w)] / max(1, updates),
              "mean_elements": counter.elements[(phase, w)] / max(1, kernels[w])} for w in by_kernels + by_time]
 
 
@@ -92,11 +111,13 @@ def batch_loops(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for line in lines:
         if line["kernels_per_update"] < LOOP_KERNELS_PER_UPDATE or line["mean_elements"] > SMALL_OP_ELEMENTS:
             continue
+        if line.get("runs_per_update", 0.0) < LOOP_RUNS_PER_UPDATE:  # a minibatch loop runs its step once an update
+            continue
         if library_of(line["where"]):  # a library's own loop is not the user's to vectorise
             continue
         path, _, number = line["where"].rpartition(":")
         loop = _enclosing_for(path, int(number)) if number.isdigit() else None
-        if loop is None:
+        if loop is None or not _BATCH.search(linecache.getline(path, loop)):  # over the batch, not over time steps
             continue
         where = f"{path}:{loop}"
         entry = found.setdefault(where, {"loop": where, "lines": [], "kernels_per_update": 0.0, "kernel_share": 0.0})
