@@ -345,3 +345,44 @@ def test_a_try_sent_to_an_executor_runs_as_one_job_and_comes_back(monkeypatch: p
     result = try_command._remote_try(OneJob(), ("target", "x.yaml", "cpu", [], (None, "f"), 3, 3, 8), said.append)
     assert result == "the report" and seen["fn"] is session_module.run_try_job
     assert seen["args"][5:] == (3, 3, 8) and any("node-7" in line for line in said)
+
+
+def test_try_quiet_sends_the_trainers_prints_while_diagnosed_to_a_named_file(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """``try --quiet``: what the trainer prints while it is diagnosed goes to rlgauge-try.stdout.txt, named on
+    stderr; the table or JSON on stdout is rlgauge's alone."""
+    from harness.cli import try_command
+
+    (tmp_path / "chatty.py").write_text(
+        "import torch\n"
+        "class T:\n"
+        "    def __init__(self):\n"
+        "        self.net = torch.nn.Linear(2, 1)\n"
+        "        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)\n"
+        "    def iterate(self):\n"
+        "        print('SPS: 123')\n"
+        "        loss = self.net(torch.ones(4, 2)).sum()\n"
+        "        self.opt.zero_grad(); loss.backward(); self.opt.step()\n"
+        "        return 4\n"
+        "    def close(self):\n"
+        "        pass\n"
+        "def make_trainer(config, *, device, seed):\n"
+        "    return T()\n", encoding="utf-8")
+    (tmp_path / "chatty.yaml").write_text("trainer: chatty:make_trainer\nconfig: {}\nrun: {steps: 64, warmup_steps: 8}\n",
+                                          encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = {}
+
+    def no_trials(args, spec, resolution, label, found, only):  # noqa: ANN001, ANN202
+        seen["found"] = found
+        print('{"trials": []}')
+        return 0
+
+    monkeypatch.setattr(try_command, "try_changes", no_trials)
+    assert main(["try", "chatty.yaml", "--device", "cpu", "--quiet", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == '{"trials": []}' and "SPS" not in out
+    assert "SPS: 123" in (tmp_path / "rlgauge-try.stdout.txt").read_text(encoding="utf-8")
+    assert "rlgauge-try.stdout.txt" in err and seen["found"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from harness.campaigns.executors import parse_executor
 from harness.campaigns.outcome import run_arms, save_runs, status_code
-from harness.cli.options import (DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, quiet_option, run_options,
-                                 trainer_output, user_overrides)
+from harness.cli.options import (DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, note_trainer_output,
+                                 quiet_option, run_options, trainer_output, user_overrides)
 from harness.errors import UserError
 from harness.analyses.learn import DEFAULT_SEEDS, DEFAULT_STEPS, MIN_SEEDS
 from harness.analyses.learn_verdicts import DEFAULT_MARGIN_PCT
@@ -303,26 +303,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         with trainer_output(args.quiet, "rlgauge-diagnose") as output:  # the trainer's own output stays out
             result = diagnose.diagnose(spec, resolution, target)
     except diagnose.DiagnosisFailed as failed:
-        _note_output(output)
+        note_trainer_output(output)
         if failed.partial:
             _print_diagnosis(args, env_report, failed.partial, report_lines)
         print(f"rlgauge: {failed}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     except KeyboardInterrupt:
-        _note_output(output)
+        note_trainer_output(output)
         return EXIT_INTERRUPTED
-    _note_output(output)
+    note_trainer_output(output)
     _print_diagnosis(args, env_report, result, report_lines)
     if getattr(args, "try_changes", False):
         return _try_after(args, spec, resolution, target, result)
     return EXIT_OK
-
-
-def _note_output(output: object) -> None:
-    """Under ``--quiet``: where the trainer's own output went (stderr, one line)."""
-    note = output.note() if output is not None else None  # type: ignore[attr-defined]
-    if note:
-        print(f"rlgauge: {note}", file=sys.stderr)
 
 
 def _check_try(spec: object, target: str) -> None:

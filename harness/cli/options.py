@@ -156,3 +156,10 @@ def trainer_output(quiet: bool, stem: str) -> Iterator[TrainerOutput]:
                 captured.kept[name] = max(1, lines)
             else:
                 path.unlink(missing_ok=True)
+
+
+def note_trainer_output(output: TrainerOutput | None) -> None:
+    """Under ``--quiet``: where the trainer's own output went (stderr, one line; nothing when it wrote none)."""
+    note = output.note() if output is not None else None
+    if note:
+        print(f"rlgauge: {note}", file=sys.stderr)

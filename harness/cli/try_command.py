@@ -7,14 +7,13 @@ process of its own, in slices alternating with the unchanged trainer's (docs/try
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.cli.options import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, run_options,
-                                 user_overrides)
+                                 note_trainer_output, trainer_output, user_overrides)
 from harness.errors import UserError
 
 EXIT_NO_PATCH = 3
@@ -73,7 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--executor", metavar="local|ray[:ADDRESS]", default="local",
                         help="where the trials run: here (default), or as one Ray job on one machine of a cluster "
                              "(its arms alternate on that host; your files must be at the same path there)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines; the trainer's own stdout and stderr while it is diagnosed go to "
+                             "rlgauge-try.stdout.txt / .stderr.txt (named on stderr when written)")
 
 
 def _check_options(args: argparse.Namespace) -> list[str] | None:
@@ -130,14 +131,19 @@ def cmd_try(args: argparse.Namespace) -> int:
     (resolution,) = resolve_specs([spec])
     say = (lambda _text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     say(f"try: diagnosing your trainer {spec.config.trainer} ({spec.variant}) on {resolution.device}")
+    output = None
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # the trainer's prints stay out of the table and --json
+        # the trainer's prints stay out of the table and --json: to stderr, or under --quiet to named files
+        with trainer_output(args.quiet, "rlgauge-try") as output:
             found = diagnose.diagnose(spec, resolution, label)
     except diagnose.DiagnosisFailed as failed:
+        note_trainer_output(output)
         print(f"rlgauge: {failed}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     except KeyboardInterrupt:
+        note_trainer_output(output)
         return EXIT_INTERRUPTED
+    note_trainer_output(output)
     return try_changes(args, spec, resolution, label, found, only)
 
 
