@@ -146,12 +146,13 @@ def _compare_rows(output: str) -> list[tuple[str, str, str]]:
 
 
 def asv_run(clone: Path, config: Path, commits: Sequence[str]) -> tuple[int, str, float]:
-    """One ``asv run`` of the gated benchmarks over every commit (each measured in its own processes)."""
+    """One ``asv run`` of the gated benchmarks over every commit (each measured in its own processes); a commit this
+    run's results already hold (an interrupted run) is not measured again."""
     hashfile = config.with_suffix(".commits")
     hashfile.write_text("\n".join(commits) + "\n", encoding="utf-8")
     pattern = f"({ASV_TIMING[0]})|({ASV_COUNTS[0]})"
-    return _run([sys.executable, "-m", "asv", "run", "--config", str(config), "-b", pattern,
-                 f"HASHFILE:{hashfile}"], clone, timeout=TIMEOUT_S * 4)
+    return _run([sys.executable, "-m", "asv", "run", "--config", str(config), "--skip-existing-commits", "-b",
+                 pattern, f"HASHFILE:{hashfile}"], clone, timeout=TIMEOUT_S * 4)
 
 
 def asv_verdicts(clone: Path, config: Path, base: str, commit: str, seconds: float) -> dict[str, Verdict]:
