@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness.campaigns.executors import parse_executor
 from harness.campaigns.outcome import run_arms, save_runs, status_code
+from harness.cli.diagnose_spec import diagnose_spec
 from harness.cli.options import (DEVICE_HELP, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, note_trainer_output,
                                  quiet_option, run_options, trainer_output, user_overrides)
 from harness.errors import UserError
@@ -290,7 +291,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from harness.measurement.environment import environment_lines, environment_report
     from harness.measurement.runner import resolve_specs
 
-    spec, target = _diagnose_spec(args)
+    spec, target = diagnose_spec(args)
     if getattr(args, "try_changes", False):
         _check_try(spec, target)
     (resolution,) = resolve_specs([spec])
@@ -344,31 +345,6 @@ def _print_diagnosis(args: argparse.Namespace, env_report: dict, result: dict, r
         print(json.dumps({"environment": env_report, "diagnosis": result}, indent=2))
     else:
         print("\n## Diagnosis\n" + "\n".join(report_lines(result)))  # type: ignore[operator]
-
-
-def _diagnose_spec(args: argparse.Namespace) -> tuple:
-    """The one variant ``diagnose`` takes (a preset's, a file's or ``--trainer``'s) and how to name it."""
-    from harness.analyses.diagnose import DIAGNOSE_DEFAULT_STEPS
-    from harness.specs.presets import load_preset, own_trainer_preset, specs_of
-
-    overrides = _with_defaults(args, **{"run.steps": DIAGNOSE_DEFAULT_STEPS})
-    if args.trainer is not None:
-        if args.target is not None:
-            raise UserError(f"diagnose: with --trainer, give the settings file as --config {args.target} (not as a "
-                            "positional argument)")
-        preset = own_trainer_preset(args.trainer, args.config)
-        target = f"--trainer {args.trainer}" + (f" --config {args.config}" if args.config else "")
-    else:
-        if args.config is not None:
-            raise UserError("--config: only used with --trainer; a preset or config file is given as PRESET|FILE.yaml")
-        target = args.target or "ppo-cartpole"
-        preset = load_preset(target)
-    names = list(preset.variants)
-    variant = args.variant or ("baseline" if "baseline" in names else names[0])
-    if variant not in names:
-        raise UserError(f"--variant {variant}: {preset.name} has no such variant; accepted: {', '.join(names)}")
-    specs = specs_of(preset, variant, overrides)
-    return specs[0], target
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:

@@ -116,7 +116,7 @@ def _target(args: argparse.Namespace, spec: object) -> tuple:
 
 def cmd_try(args: argparse.Namespace) -> int:
     from harness.analyses import diagnose
-    from harness.cli.analysis_commands import _diagnose_spec
+    from harness.cli.diagnose_spec import diagnose_spec
     from harness.measurement.runner import resolve_specs
     from harness.specs.own_trainer import OwnConfig
 
@@ -124,7 +124,7 @@ def cmd_try(args: argparse.Namespace) -> int:
     if args.trainer is None and (args.target is None or not args.target.endswith((".yaml", ".yml"))):
         raise UserError(f"try {args.target or ''}: expected your own trainer: FILE.yaml with trainer:, or --trainer "
                         "MODULE:ATTRIBUTE (rlgauge's presets: rlgauge ablate)".replace("try :", "try:"))
-    spec, label = _diagnose_spec(args)
+    spec, label = diagnose_spec(args)
     if not isinstance(spec.config, OwnConfig):
         raise UserError(f"try {args.target}: the file names no trainer:; expected your own trainer (rlgauge's presets: "
                         "rlgauge ablate)")

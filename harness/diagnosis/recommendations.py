@@ -298,7 +298,8 @@ RULES: list[Rule] = [
 ]
 
 
-def recommend(d: dict[str, Any], target: str, effects: Path | None = None) -> list[dict[str, str]]:
+def recommend(d: dict[str, Any], target: str, effects: Path | None = None,
+              tried_by: Callable[[str], list[str]] | None = None) -> list[dict[str, str]]:
     """Every rule whose finding shows, in table order, as ``{rule, change, why, evidence, effect, check}``;
     ``effect`` quotes the reference trainers' figures from ``effects`` (the packaged file ``ablate`` writes)."""
     found = []
@@ -308,19 +309,20 @@ def recommend(d: dict[str, Any], target: str, effects: Path | None = None) -> li
             continue
         flag = rule.flag
         check = (f"rlgauge run {target} --variant {_flag_variant(flag)}" if d["kind"] == "preset" else
-                 own_check(rule.variant, target, d["variant"], rule.name))
+                 own_check(rule.variant, target, d["variant"], rule.name, tried_by))
         change = (rule.change_for(d) if rule.change_for else None) or rule.change
         found.append({"rule": rule.name, "change": change, "why": rule.why, "evidence": evidence,
                       "effect": effect_of(flag, d["device"], effects), "check": check})
     return found
 
 
-def own_check(variant: str, target: str, diagnosed: str, rule: str = "") -> str:
-    """How to measure a change on a user's trainer: ``rlgauge try --only`` where it makes the change itself, and a
-    variant added to its YAML (a switch the factory reads) with the ``rlgauge run`` that measures it."""
-    from harness.trials.catalogue import CHANGES
-
-    tried = [c.name for c in CHANGES.values() if rule in c.rules]
+def own_check(variant: str, target: str, diagnosed: str, rule: str = "",
+              tried_by: Callable[[str], list[str]] | None = None) -> str:
+    """How to measure a change on a user's trainer: ``rlgauge try --only`` where it makes the change itself
+    (``tried_by(rule)``: the names of try's changes for a rule, given by the caller, since try builds on a diagnosis
+    and not the reverse), and a variant added to its YAML (a switch the factory reads) with the ``rlgauge run`` that
+    measures it."""
+    tried = tried_by(rule) if tried_by is not None and rule else []
     by_try = f"without editing: rlgauge try {target} --only {','.join(tried)}; or " if tried else ""
     return by_try + _own_variant_check(variant, target, diagnosed)
 

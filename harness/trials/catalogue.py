@@ -76,6 +76,11 @@ CHANGES: dict[str, Change] = {c.name: c for c in (
 NAMES = tuple(CHANGES)
 
 
+def changes_for_rule(rule: str) -> list[str]:
+    """The changes this catalogue makes for a diagnosis rule (``rlgauge try --only`` in diagnose's check line)."""
+    return [change.name for change in CHANGES.values() if rule in change.rules]
+
+
 def accepted() -> str:
     """The names ``--only`` accepts, comma-separated."""
     return ", ".join(NAMES)
