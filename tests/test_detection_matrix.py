@@ -85,6 +85,7 @@ def test_plant_commits_are_made_on_top_of_the_base_and_a_moved_plant_is_one_line
     parent = subprocess.run(["git", "rev-parse", f"{commits['busy_thread']}~1"], cwd=repo, capture_output=True,
                             text=True).stdout.strip()
     assert parent == base
+    assert matrix.plant_commits(repo, base, ["busy_thread"]) == {"busy_thread": commits["busy_thread"]}  # the same commit
     with pytest.raises(UserError, match="^plant flag_noop does not apply: reference_trainers/paths/learner.py"):
         matrix.plant_commits(repo, base, ["flag_noop"])
 

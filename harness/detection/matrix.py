@@ -28,8 +28,9 @@ DOC_START, DOC_END = "<!-- detection-matrix:start -->", "<!-- detection-matrix:e
 """The markers in docs/tracking.md between which ``--doc`` writes the table."""
 
 
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, **env} if env else None)
     if done.returncode != 0:
         raise UserError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip().splitlines()[-1:] or ['']}")
     return done.stdout.strip()
@@ -54,7 +55,10 @@ def check_repository(repo: Path, base: str = "HEAD") -> str:
 
 
 def plant_commits(clone: Path, base: str, names: Sequence[str]) -> dict[str, str]:
-    """One commit per plant on top of ``base`` in the scratch clone: plant name -> commit."""
+    """One commit per plant on top of ``base`` in the scratch clone: plant name -> commit. Each is dated as the base
+    is, so the same plant on the same base is the same commit in every run (asv's stored results stay its own)."""
+    date = _git(clone, "log", "-1", "--format=%cI", base)
+    dated = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
     commits = {}
     for name in names:
         _git(clone, "checkout", "-q", "-B", f"plant-{name}", base)
@@ -63,7 +67,7 @@ def plant_commits(clone: Path, base: str, names: Sequence[str]) -> dict[str, str
         except PlantDoesNotApply as exc:
             raise UserError(f"plant {name} does not apply: {exc}") from None
         _git(clone, "-c", "user.name=rlgauge", "-c", "user.email=rlgauge@localhost", "commit", "-q", "-a",
-             "--allow-empty", "-m", f"planted regression: {name}")
+             "--allow-empty", "-m", f"planted regression: {name}", env=dated)
         commits[name] = _git(clone, "rev-parse", "HEAD")
     _git(clone, "checkout", "-q", base)
     return commits
