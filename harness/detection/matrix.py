@@ -249,7 +249,7 @@ def table(state: State) -> str:
     plants = data.get("plants", list(PLANTS))
     head = ["plant", *chosen, "CI (any gate it runs)"]
     lines = [f"Detection matrix: base commit {data['base'][:10]}, {machine_line()}; {runs} run(s) per cell"
-             f"{', with ' + str(data.get('busy')) + ' busy loops beside' if data.get('busy') else ', quiet'}; "
+             f"{', with ' + str(data.get('busy')) + ' busy loops beside' if data.get('busy') else ', no busy loops added'}; "
              f"started {data.get('started')}, {data.get('seconds', 0) / 60:.0f} min measured. A cell: runs that "
              "caught the plant / runs measured (the A/A row: false alarms).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
