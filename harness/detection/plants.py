@@ -161,12 +161,19 @@ def _extra(args, spent):
     _torch.as_tensor(_np.asarray(args[0]), dtype=_torch.float64).mul(0.5)
 '''
 
+def same_thread(pct: int) -> Plant:
+    """After each ``iterate()`` and ``select_actions()`` (not nested), a busy loop of ``pct`` % of the call's own
+    thread CPU time: ``pct`` % more work on any machine."""
+    if not 0 < pct < 1000:
+        raise ValueError(f"{pct} %: give the extra work in percent, e.g. 20")
+    return Plant(f"same_thread_{pct}", f"same-thread CPU +{pct} % in iterate() and action selection",
+                 _wrapping(f"same_thread_{pct}", f"iterate() and select_actions() do {pct} % more CPU work",
+                           _busy_fraction(pct / 100), ("iterate", "select_actions")))
+
+
 PLANTS: dict[str, Plant] = {p.name: p for p in (
     Plant("aa", "A/A: nothing changed (an empty commit)", lambda root: None),
-    *(Plant(f"same_thread_{pct}", f"same-thread CPU +{pct} % in iterate() and action selection",
-            _wrapping(f"same_thread_{pct}", f"iterate() and select_actions() do {pct} % more CPU work",
-                      _busy_fraction(pct / 100), ("iterate", "select_actions")))
-      for pct in (10, 20, 30)),
+    *(same_thread(pct) for pct in (10, 20, 30)),
     Plant("busy_thread", "a busy background thread started at import (30 % of a core)", _append_to_init(_BUSY_THREAD)),
     Plant("thread_count", "a thread-count regression (torch on every core after activate())",
           _append_to_init(_THREAD_COUNT)),
