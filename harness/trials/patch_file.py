@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.trials.catalogue import CHANGES
 from harness.trials.runtime_patches import OPTIMIZER_CLASSES
-from harness.trials.source_edits import _after_last_argument, _aliases, _dotted, _insert, alias_of
+from harness.trials.source_edits import after_last_argument, alias_of, dotted_name, import_aliases, insert_at
 
 MARK = "# rlgauge try:"
 _COMMENTS = {
@@ -42,18 +42,18 @@ def optimizer_keywords(text: str, implementations: dict[str, str], mode: str) ->
     """``fused=True`` (or ``foreach=True`` where the arm fell back to it, or ``mode`` is foreach) added to each
     ``torch.optim`` constructor in ``text`` that sets neither; (new text, calls edited)."""
     tree = ast.parse(text)
-    aliases = _aliases(tree)
+    aliases = import_aliases(tree)
     inserts = []
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
-        name = _dotted(call.func, aliases) or ""
+        name = dotted_name(call.func, aliases) or ""
         cls = name.rpartition(".")[2]
         if not name.startswith("torch.optim.") or cls not in OPTIMIZER_CLASSES or not call.args:
             continue
         if {"fused", "foreach", None} & {k.arg for k in call.keywords}:
             continue
         keyword = "fused" if mode == "fused" and implementations.get(cls, "fused") == "fused" else "foreach"
-        inserts.append((*_after_last_argument(call), f", {keyword}=True"))
-    return (_insert(text, inserts), len(inserts)) if inserts else (text, 0)
+        inserts.append((*after_last_argument(call), f", {keyword}=True"))
+    return (insert_at(text, inserts), len(inserts)) if inserts else (text, 0)
 
 
 def with_factory_lines(text: str, factory_attr: str, lines: list[str]) -> str:

@@ -25,7 +25,7 @@ def _tree(text: str) -> ast.Module:
         raise EditRefused(f"the file does not parse ({exc.msg}, line {exc.lineno})") from None
 
 
-def _aliases(tree: ast.Module) -> dict[str, str]:
+def import_aliases(tree: ast.Module) -> dict[str, str]:
     """Module-level import names -> the module or object they bind (``np`` -> ``numpy``, ``Categorical`` ->
     ``torch.distributions.categorical.Categorical``)."""
     names: dict[str, str] = {}
@@ -44,10 +44,10 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
 
 def alias_of(tree: ast.Module, module: str) -> str | None:
     """The name ``module`` is imported under at module level (``torch``, ``th``), or None."""
-    return next((name for name, bound in _aliases(tree).items() if bound == module), None)
+    return next((name for name, bound in import_aliases(tree).items() if bound == module), None)
 
 
-def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+def dotted_name(node: ast.AST, aliases: dict[str, str]) -> str | None:
     """``np.array`` -> ``numpy.array`` through the imports; None for anything but names and attributes."""
     parts = []
     while isinstance(node, ast.Attribute):
@@ -73,7 +73,7 @@ def _offset(lines: list[str], line: int, byte_col: int) -> tuple[int, int]:
     return line - 1, len(text.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
 
 
-def _insert(text: str, positions: list[tuple[int, int, str]]) -> str:
+def insert_at(text: str, positions: list[tuple[int, int, str]]) -> str:
     """``text`` with each ``(line, byte_col, snippet)`` inserted, the last position first."""
     lines = text.splitlines(keepends=True)
     for line, col, snippet in sorted(positions, reverse=True):
@@ -82,7 +82,7 @@ def _insert(text: str, positions: list[tuple[int, int, str]]) -> str:
     return "".join(lines)
 
 
-def _after_last_argument(call: ast.Call) -> tuple[int, int]:
+def after_last_argument(call: ast.Call) -> tuple[int, int]:
     last = max([*call.args, *call.keywords], key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
     return last.end_lineno or last.lineno, last.end_col_offset or 0
 
@@ -106,10 +106,10 @@ def float32_at_source(text: str, line: int) -> str:
     ``torch.tensor(x)`` -> ``torch.tensor(x, dtype=torch.float32)``, ``torch.from_numpy(x)`` ->
     ``torch.from_numpy(x).float()``, ``np.array(x)`` -> ``np.array(x).astype(np.float32)``."""
     tree = _tree(text)
-    aliases = _aliases(tree)
+    aliases = import_aliases(tree)
     found = []
     for call in _calls_at(tree, line):
-        name = _dotted(call.func, aliases)
+        name = dotted_name(call.func, aliases)
         if name is None or not call.args or {"dtype", None} & _keywords(call):
             continue
         if name in (*_TORCH_MAKERS, "torch.from_numpy", *_NUMPY_MAKERS):
@@ -123,15 +123,15 @@ def float32_at_source(text: str, line: int) -> str:
         torch_name = _base_name(call.func) if isinstance(call.func, ast.Attribute) else alias_of(tree, "torch")
         if torch_name is None:
             raise EditRefused(f"line {line}: torch is not imported under a name in the module; edit it by hand")
-        end_line, end_col = _after_last_argument(call)
-        new = _insert(text, [(end_line, end_col, f", dtype={torch_name}.float32")])
+        end_line, end_col = after_last_argument(call)
+        new = insert_at(text, [(end_line, end_col, f", dtype={torch_name}.float32")])
     elif name == "torch.from_numpy":
-        new = _insert(text, [(call.end_lineno or line, call.end_col_offset or 0, ".float()")])
+        new = insert_at(text, [(call.end_lineno or line, call.end_col_offset or 0, ".float()")])
     else:
         numpy_name = _base_name(call.func) if isinstance(call.func, ast.Attribute) else alias_of(tree, "numpy")
         if numpy_name is None:
             raise EditRefused(f"line {line}: numpy is not imported under a name in the module; edit it by hand")
-        new = _insert(text, [(call.end_lineno or line, call.end_col_offset or 0, f".astype({numpy_name}.float32)")])
+        new = insert_at(text, [(call.end_lineno or line, call.end_col_offset or 0, f".astype({numpy_name}.float32)")])
     return _reparsed(new, f"the float32 edit of line {line}")
 
 
@@ -154,14 +154,14 @@ def _is_distribution(name: str | None) -> bool:
 def validate_args_off(text: str, line: int) -> str:
     """``validate_args=False`` added to every distribution constructor on ``line`` that does not set it."""
     tree = _tree(text)
-    aliases = _aliases(tree)
+    aliases = import_aliases(tree)
     calls = [c for c in _calls_at(tree, line) if c.lineno == line or c.end_lineno == line]
-    found = [c for c in calls if _is_distribution(_dotted(c.func, aliases))
+    found = [c for c in calls if _is_distribution(dotted_name(c.func, aliases))
              and not {"validate_args", None} & _keywords(c) and (c.args or c.keywords)]
     if not found:
         raise EditRefused(f"line {line} builds no torch.distributions distribution without validate_args "
                           "(the check may run in a method of one built elsewhere)")
-    new = _insert(text, [(*_after_last_argument(call), ", validate_args=False") for call in found])
+    new = insert_at(text, [(*after_last_argument(call), ", validate_args=False") for call in found])
     return _reparsed(new, f"the validate_args edit of line {line}")
 
 
