@@ -67,19 +67,19 @@ def _run(command: Sequence[str], clone: Path, timeout: float = TIMEOUT_S) -> tup
     return done.returncode, (done.stdout + done.stderr), time.monotonic() - start
 
 
-def _last_line(output: str) -> str:
+def last_line(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
 
 
 def _from_gate_code(code: int, output: str, seconds: float) -> Verdict:
     if code == 0:
-        return Verdict(MISSED, _last_line(output), seconds)
+        return Verdict(MISSED, last_line(output), seconds)
     if code == 1:
-        return Verdict(CAUGHT, _last_line(output), seconds)
+        return Verdict(CAUGHT, last_line(output), seconds)
     if code == 2 and "not trustworthy" in output:
-        return Verdict(NO_VERDICT, _last_line(output), seconds)
-    return Verdict(FAILED, f"exit {code}: {_last_line(output)}", seconds)
+        return Verdict(NO_VERDICT, last_line(output), seconds)
+    return Verdict(FAILED, f"exit {code}: {last_line(output)}", seconds)
 
 
 def one_process(clone: Path) -> Verdict:
@@ -108,7 +108,7 @@ def plugin_baseline(clone: Path, out: Path) -> tuple[int, str]:
     code, output, _ = _run([sys.executable, "-m", "harness", "run", GATE_PRESET, "--variant", "optimized",
                             "--steps", str(PLUGIN_ARGS["steps"]), "--repeats", str(PLUGIN_ARGS["repeats"]),
                             "--quiet", "--out", str(out)], clone)
-    return code, _last_line(output)
+    return code, last_line(output)
 
 
 def plugin(clone: Path, baseline: Path, scratch: Path) -> Verdict:
@@ -118,8 +118,8 @@ def plugin(clone: Path, baseline: Path, scratch: Path) -> Verdict:
     code, out, seconds = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
                                str(scratch), str(test)], clone)
     if code == 0 and " skipped" in out:
-        return Verdict(NO_VERDICT, _last_line(out), seconds)
-    return Verdict(MISSED if code == 0 else CAUGHT if code == 1 else FAILED, _last_line(out), seconds)
+        return Verdict(NO_VERDICT, last_line(out), seconds)
+    return Verdict(MISSED if code == 0 else CAUGHT if code == 1 else FAILED, last_line(out), seconds)
 
 
 def property_tests(clone: Path) -> Verdict:
@@ -127,7 +127,7 @@ def property_tests(clone: Path) -> Verdict:
     code, out, seconds = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "2",
                                "-m", "not slow", *TESTS], clone)
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
-    detail = failed[0][:300] if failed else _last_line(out)
+    detail = failed[0][:300] if failed else last_line(out)
     if code == 0:
         return Verdict(MISSED, detail, seconds)
     # -x under xdist ends a run with a failed test as interrupted (exit 2): a failed test is what was caught
@@ -162,7 +162,7 @@ def asv_verdicts(clone: Path, config: Path, base: str, commit: str, seconds: flo
         code, out, _ = _run([sys.executable, "-m", "asv", "compare", "--config", str(config), "--factor", str(factor),
                              "--no-only-changed", base, commit], clone, timeout=600)
         if code != 0:
-            verdicts[gate] = Verdict(FAILED, f"asv compare exit {code}: {_last_line(out)}", seconds)
+            verdicts[gate] = Verdict(FAILED, f"asv compare exit {code}: {last_line(out)}", seconds)
             continue
         worse, measured = [], 0
         for mark, ratio, benchmark in _compare_rows(out):

@@ -173,7 +173,7 @@ def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: d
             for gate, verdict in gates.asv_verdicts(clone, config, base, commits[plant], seconds).items():
                 if gate in asv_gates:
                     state.put(gate, plant, run, verdict if code == 0 or verdict.outcome != gates.FAILED else
-                              gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates._last_line(out)}", seconds))
+                              gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds))
     baseline = workdir / f"plugin-baseline-{run}.json"
     for plant, commit in commits.items():
         for gate in chosen:
