@@ -45,17 +45,18 @@ class FakeRunner:
         torch.save({"initial": {"w": torch.zeros(3)}, "final": {"w": final}}, params)
         return {"parity": {"nonfinite": int((~torch.isfinite(final)).sum())}, "params": str(params)}
 
-    def serve(self, arm: Any) -> FakeServed:
-        return FakeServed(self, arm.name)
+    def serve(self, arm: Any, checks: bool = True, parity_iterations: int = 0) -> FakeServed:
+        return FakeServed(self, arm, parity_iterations)
 
 
 class FakeServed:
-    def __init__(self, runner: FakeRunner, name: str) -> None:
-        self.runner, self.name = runner, name
+    def __init__(self, runner: FakeRunner, arm: Any, parity_iterations: int) -> None:
+        self.runner, self.name = runner, arm.name
+        self.maths = runner.run(arm, "parity", parity_iterations) if parity_iterations else {}
 
     def ready(self) -> dict[str, Any]:
         return {"ready": True, "float64_ops": self.runner.float64.get(self.name, 0),
-                "host_syncs_per_step": 1.0}
+                "host_syncs_per_step": 1.0, **self.maths}
 
     def slice(self, env_steps: int) -> dict[str, Any]:
         self.runner.tick()
@@ -194,12 +195,16 @@ def test_patch_is_written_only_for_a_checked_combination(monkeypatch: pytest.Mon
 
 
 def test_the_measurement_stops_early_once_every_change_is_decisive(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After 3 rounds every change but the A/A arm (a check, exempt) is clearly faster: rounds 4 and 5 are skipped;
-    one change without an effect keeps all 5."""
+    """After 3 rounds every change but the A/A arm (a check, exempt) is clearly faster: rounds 4 and 5 are skipped.
+    One change without an effect keeps all 5; the decisive ones and the A/A arm (3 rounds give its interval) are
+    measured no further."""
     clear = _session(monkeypatch, {"threads_1": 1.3, "no_validate_args": 1.2, "autocast_bf16": 0.7}, {}, rounds=5)
     assert clear.rounds_run == 3 and all(t.ratio.n == 3 for t in clear.trials)
     unclear = _session(monkeypatch, {"threads_1": 1.3, "autocast_bf16": 0.7}, {}, rounds=5)
-    assert unclear.rounds_run == 5 and all(t.ratio.n == 5 for t in unclear.trials)
+    rounds_of = {t.name: t.ratio.n for t in unclear.trials}
+    assert unclear.rounds_run == 5
+    assert rounds_of == {"no_change": 3, "threads_1": 3, "no_validate_args": 5, "autocast_bf16": 3}
+    assert {t.name: t.verdict for t in unclear.trials}["autocast_bf16"] == "slower"
 
 
 def test_the_a_a_arm_is_in_every_try_and_never_in_the_combination(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -281,13 +286,15 @@ def test_a_file_inside_a_package_is_not_copied(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_an_interrupt_keeps_the_pairs_already_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 2 + 4 parity runs, a timed call and a first unchanged slice, then (changed, unchanged) slices for 4 arms a
-    # turn: stopping at call 18 leaves the first turn finished and the second's first arm unfinished
-    report = _session(monkeypatch, {"threads_1": 1.3}, {}, stop_at=18)
+    # 1 + 4 maths checks (the A/A arm's is the unchanged trainer's second), a timed call and a first unchanged slice,
+    # then (changed, unchanged) slices for 4 arms a turn: stopping at call 17 leaves the first turn finished and the
+    # second's first arm unfinished
+    report = _session(monkeypatch, {"threads_1": 1.3}, {}, stop_at=17)
     assert report.interrupted and report.combined is None
     assert {t.name: t.effect.pairs for t in report.trials} == {name: 1 for name in
                                                               ("no_change", "threads_1", "no_validate_args",
                                                                "autocast_bf16")}
+    assert all(t.parity is not None and t.parity.keeps_maths for t in report.trials)  # checked in the first round
 
 
 def test_the_rounds_interval_keeps_its_level_with_three_rounds() -> None:
@@ -365,7 +372,7 @@ def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> 
             order.append(f"close {self.name}")
 
     class Runner:
-        def serve(self, arm: Arm) -> Served:
+        def serve(self, arm: Arm, checks: bool = True) -> Served:
             return Served(arm.name)
 
     effects: dict[str, Effect] = {}
@@ -374,3 +381,58 @@ def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> 
                           "unchanged", "a", "unchanged", "b", "unchanged", "b", "unchanged", "a", "unchanged"]
     assert sorted(order[10:]) == ["close a", "close b", "close unchanged"]
     assert effects["a"].pairs == effects["b"].pairs == 2
+
+
+def test_arms_warm_up_no_more_than_the_usable_cores_at_once_and_are_checked_in_the_first_round_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nine warm-ups side by side on two cores (``ArmRunner.width``: the cores over each arm's threads) thrash each other's threads; the checks (float64 ops, host syncs)
+    are the same in every process, so later rounds skip them; the arm slowest to be ready (a compile) starts first
+    in the next round."""
+    from harness.trials import slices
+    from harness.trials.arms import Arm
+    from harness.trials.rounds import Effect
+
+    warming: list[str] = []
+    most = [0]
+    checked: list[tuple[str, bool]] = []
+
+    class Served:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def ready(self) -> dict[str, Any]:
+            warming.remove(self.name)
+            return {"float64_ops": 0, "host_syncs_per_step": 0.0, "ready_s": 9.0 if self.name == "d" else 2.0}
+
+        def slice(self, steps: int) -> dict[str, Any]:
+            assert not warming  # no slice is timed beside a warm-up
+            return {"env_steps": max(steps, 50), "wall": max(steps, 50) / 400, "cpu": 0.1}
+
+        def close(self) -> None:
+            pass
+
+    class Runner:
+        def width(self) -> int:  # two cores, a thread an arm
+            return 2
+
+        def serve(self, arm: Arm, checks: bool = True) -> Served:
+            warming.append(arm.name)
+            most[0] = max(most[0], len(warming))
+            checked.append((arm.name, checks))
+            return Served(arm.name)
+
+    effects: dict[str, Effect] = {}
+    arms = [Arm(name) for name in "abcde"]
+    slices.measure(Runner(), arms, 2, effects, lambda _t: None, cycles=1)  # type: ignore[arg-type]
+    assert most[0] == 2 and len(checked) == 12
+    assert all(flag for _name, flag in checked[:6]) and not any(flag for _name, flag in checked[6:])
+    assert [name for name, _flag in checked[:6]] == ["unchanged", "a", "b", "c", "d", "e"]
+    assert checked[6][0] == "d"  # the slowest to be ready last round starts first
+
+
+def test_arms_start_one_at_a_time_where_each_would_take_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.measurement import machine_state
+    from harness.trials.arms import starting_width
+
+    monkeypatch.setattr(machine_state, "usable_cores", lambda: 8)
+    assert [starting_width(cap) for cap in (None, 8, 4, 3, 1)] == [1, 1, 2, 2, 8]

@@ -62,21 +62,30 @@ class ArmRunner:
     def __init__(self, target: Target, workdir: Path) -> None:
         self.target, self.workdir = target, workdir
         self.count = 0
+        self._lock = threading.Lock()
 
-    def _request(self, arm: Arm, mode: str, iterations: int = 0) -> tuple[Path, Path, Path, dict[str, Any]]:
-        self.count += 1
-        stem = self.workdir / f"{self.count:03d}-{arm.name}-{mode}"
+    def _request(self, arm: Arm, mode: str, iterations: int = 0,
+                 checks: bool = True) -> tuple[Path, Path, Path, dict[str, Any]]:
+        with self._lock:  # parity runs are started from several threads
+            self.count += 1
+            stem = self.workdir / f"{self.count:03d}-{arm.name}-{mode}"
         out, log = stem.with_suffix(".answer.json"), stem.with_suffix(".log")
         request = {"mode": mode, "target": self.target.target, "trainer": self.target.trainer,
                    "config": self.target.config, "variant": self.target.variant,
                    "overrides": self.target.overrides, "sys_path": self.target.sys_path,
                    "changes": list(arm.runtime), "patched_dir": str(arm.patched_dir) if arm.patched_dir else None,
                    "threads_cap": self.target.threads_cap,
-                   "iterations": iterations, "params_out": str(stem.with_suffix(".pt")), "out": str(out),
+                   "iterations": iterations, "checks": checks, "params_out": str(stem.with_suffix(".pt")), "out": str(out),
                    "heartbeat": str(stem.with_suffix(".alive"))}
         path = stem.with_suffix(".request.json")
         path.write_text(json.dumps(request), encoding="utf-8")
         return path, out, log, request
+
+    def width(self) -> int:
+        """How many of its processes may start side by side: the usable cores over each one's threads. Two
+        processes whose threads together outnumber the cores spin against each other and take several times as
+        long as one after the other."""
+        return starting_width(self.target.threads_cap)
 
     def run(self, arm: Arm, mode: str, iterations: int = 0) -> dict[str, Any]:
         """The child's answer: ``{"parity", "params"}`` or ``{"error"}`` (one line), with its ``log``."""
@@ -102,10 +111,24 @@ class ArmRunner:
         answer["log"] = str(log)
         return answer
 
-    def serve(self, arm: Arm) -> ServedArm:
-        """The arm's process started: it builds the trainer and warms it up while the parent goes on."""
-        path, _out, log, request = self._request(arm, "serve")
-        return ServedArm(child_command(path), log, Silence(Path(request["heartbeat"]), self.target.timeout_s))
+    def serve(self, arm: Arm, checks: bool = True, parity_iterations: int = 0) -> ServedArm:
+        """The arm's process started: it builds the trainer (with ``parity_iterations``, first checks its maths
+        over that many calls: the ready answer carries ``parity`` and ``params`` as ``run``'s does), warms it up
+        and runs the checks (unless ``checks`` is False) while the parent goes on."""
+        path, _out, log, request = self._request(arm, "serve", parity_iterations, checks=checks)
+        if parity_iterations:
+            request["parity"] = True
+            path.write_text(json.dumps(request), encoding="utf-8")
+        return ServedArm(child_command(path), log, Silence(Path(request["heartbeat"]), self.target.timeout_s),
+                         request["params_out"] if parity_iterations else None)
+
+
+def starting_width(threads_cap: int | None) -> int:
+    """``ArmRunner.width`` for arms capped at ``threads_cap`` threads (None: torch's default, every usable core)."""
+    from harness.measurement.machine_state import usable_cores
+
+    cores = usable_cores()
+    return max(1, cores // max(1, threads_cap or cores))
 
 
 def child_command(request: Path) -> list[str]:
@@ -173,8 +196,8 @@ class ServedArm:
     answers are JSON lines on the process's stdin and stdout; whatever the trainer prints goes to the log. A process
     silent for longer than its ``silence`` allows is stopped: the arm fails with one line."""
 
-    def __init__(self, command: list[str], log: Path, silence: Silence) -> None:
-        self.log, self.silence = log, silence
+    def __init__(self, command: list[str], log: Path, silence: Silence, params: str | None = None) -> None:
+        self.log, self.silence, self.params = log, silence, params
         self._sink = open(log, "wb")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink,
                                         env=_child_env(), text=True, bufsize=1)
@@ -191,18 +214,23 @@ class ServedArm:
             pass
         self._lines.put("")
 
-    def _answer(self) -> dict[str, Any]:
+    def _answer(self, wait_s: float | None = None) -> dict[str, Any] | None:
+        """The next answer; with ``wait_s``, None when none came within that long."""
         if self.failed is not None:
             return {"error": self.failed}
         line = None
+        waited = 0.0
         while line is None:
             try:
-                line = self._lines.get(timeout=POLL_S)
+                line = self._lines.get(timeout=POLL_S if wait_s is None else min(POLL_S, wait_s))
             except queue.Empty:
                 if self.silence.exceeded():
                     stop(self.process)
                     self.failed = timed_out(self.silence.limit_s)
                     return {"error": self.failed}
+                waited += POLL_S if wait_s is None else min(POLL_S, wait_s)
+                if wait_s is not None and waited >= wait_s:
+                    return None
         if not line:
             code = self.process.wait()
             if code in (130, -2):
@@ -215,7 +243,18 @@ class ServedArm:
         return answer
 
     def ready(self) -> dict[str, Any]:
-        return self._answer()
+        return self._with_params(self._answer())  # type: ignore[arg-type]
+
+    def ready_within(self, seconds: float) -> dict[str, Any] | None:
+        """The ready answer if it comes within ``seconds``, else None (asked again later)."""
+        answer = self._answer(seconds)
+        return None if answer is None else self._with_params(answer)
+
+    def _with_params(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """A ready answer with its maths check's saved state and the log, as ``ArmRunner.run`` answers."""
+        if "parity" in answer and self.params:
+            answer = {**answer, "params": self.params, "log": str(self.log)}
+        return answer
 
     def slice(self, env_steps: int) -> dict[str, Any]:
         if self.failed is None:
@@ -225,12 +264,17 @@ class ServedArm:
                 self.process.stdin.flush()  # type: ignore[union-attr]
             except (BrokenPipeError, OSError):
                 pass  # the process ended: its answer says why
-        return self._answer()
+        return self._answer()  # type: ignore[return-value]
+
+    def end_requests(self) -> None:
+        """End of requests: the child closes its trainer and exits (``close`` waits for it)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.process.poll() is None and self.process.stdin and not self.process.stdin.closed:
+                self.process.stdin.close()
 
     def close(self) -> None:
         try:
-            if self.process.poll() is None and self.process.stdin:
-                self.process.stdin.close()  # end of requests: the child closes its trainer and exits
+            self.end_requests()
             self.process.wait(timeout=30)
         except (subprocess.TimeoutExpired, OSError):
             stop(self.process)

@@ -32,6 +32,8 @@ class Change:
     """Lines for the factory's first lines in ``--patch`` (``{torch}``: the module's name for torch)."""
     always: bool = False
     """Tried on every trainer, whatever fired: a setting whose effect no finding predicts."""
+    slow_start: bool = False
+    """Its process takes far longer to be ready (it compiles): started first, while the others share the rest."""
 
 
 CHANGES: dict[str, Change] = {c.name: c for c in (
@@ -59,7 +61,8 @@ CHANGES: dict[str, Change] = {c.name: c for c in (
            ("acting_builds_graph",)),
     Change("compile_modules", RUNTIME, "every top-level nn.Module the factory built (a holder without forward: its "
            "children) compiled once built; torch's compiler also turns distribution argument checks off in the process",
-           "the same ops fused by the compiler; rounding may differ in the last bits", ("uncompiled_update",)),
+           "the same ops fused by the compiler; rounding may differ in the last bits", ("uncompiled_update",),
+           slow_start=True),
     Change("autocast_bf16", RUNTIME, "the forward of each module called outermost while grad is enabled (the update's "
            "forwards, whatever method calls them; not acting under no_grad) under torch.autocast(device type, "
            "dtype=torch.bfloat16), its floating outputs cast back to float32; the loss and optimizer step outside",

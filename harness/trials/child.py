@@ -7,8 +7,9 @@ runtime changes are applied before and around the factory (``runtime_patches``).
 
 - ``parity``: N ``iterate()`` calls from the seed, then the state of every module the factory built and of every
   optimizer that stepped is saved (``torch.save``) for ``parity`` to compare;
-- ``serve``: the trainer built and warmed up, one checked stretch (``runner.run_checks``: float64 ops and host
-  syncs counted as ``rlgauge run`` counts them), then slices of training on request: JSON lines on stdin
+- ``serve``: the trainer built (with ``parity`` true, first the ``parity`` mode's maths check on it, whose
+  answer joins the ready answer), warmed up, one checked stretch unless ``checks`` is false
+  (``runner.run_checks``: float64 ops and host syncs counted as ``rlgauge run`` counts them), then slices of training on request: JSON lines on stdin
   (``{"env_steps": N}``) answered on stdout (``{"env_steps", "wall", "cpu"}``) until stdin closes. What the
   trainer prints goes to stderr, the arm's log.
 
@@ -19,8 +20,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
+
+BORN = time.monotonic()
+"""When the process began importing this module: its answer says how long it took to be ready."""
 
 
 class Heartbeat:
@@ -100,64 +105,86 @@ def _spec(request: dict[str, Any]) -> Any:
 
 
 def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
-    """``iterations`` calls, then more until as many optimizer steps were taken (a generator that yields every env
-    step), up to the run's warm-up and steps in env steps; the state (``trainer_state``) when first built (after
-    the factory, or a generator's first call) and after the last call, saved for ``parity``."""
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
+    """The maths check in a process of its own (``parity`` mode): a trainer built from the seed, ``_parity_of``."""
     from harness.measurement.metrics import TimingProbe
     from harness.measurement.runner import resolve_specs
 
     (resolution,) = resolve_specs([spec])
+    with OptimizerSteps() as stepped:
+        trainer = spec.build(resolution, probe=TimingProbe())
+        try:
+            return _parity_of(trainer, resolution, stepped, iterations, params_out)
+        finally:
+            trainer.close()
+
+
+class OptimizerSteps:
+    """Every optimizer step counted while entered, and each optimizer that stepped held (its state is read)."""
+
+    def __enter__(self) -> OptimizerSteps:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.count, self.optimizers = 0, []
+        self._handle = register_optimizer_step_post_hook(self._stepped)
+        return self
+
+    def _stepped(self, optimizer: Any, *_: Any) -> None:
+        self.count += 1
+        if not any(optimizer is seen for seen in self.optimizers):
+            self.optimizers.append(optimizer)
+
+    def __exit__(self, *_: object) -> None:
+        self._handle.remove()
+
+
+def _parity_of(trainer: Any, resolution: Any, stepped: OptimizerSteps, iterations: int,
+               params_out: str) -> dict[str, Any]:
+    """``iterations`` calls of a trainer just built from the seed, then more until as many optimizer steps were
+    taken (a generator that yields every env step), up to the run's warm-up and steps in env steps; the state
+    (``trainer_state``) when first built (after the factory, or a generator's first call) and after the last call,
+    saved for ``parity``."""
+    import torch
+
     cap = resolution.config.run.warmup_steps + resolution.config.run.steps
-    optimizers: list[Any] = []
-    steps = [0]
-
-    def stepped(optimizer: Any, *_: Any) -> None:
-        steps[0] += 1
-        if not any(optimizer is seen for seen in optimizers):
-            optimizers.append(optimizer)  # held strongly: its state is read at the end
-
-    handle = register_optimizer_step_post_hook(stepped)
-    trainer = spec.build(resolution, probe=TimingProbe())
-    try:
-        calls = env_steps = 0
-        if not trainer.inner.modules:  # a generator builds them in its first call
-            env_steps += trainer.iterate().env_steps
-            calls = 1
-        initial = trainer_state(trainer.inner.modules, [])
-        while calls < iterations or (steps[0] < iterations and env_steps < cap):
-            env_steps += trainer.iterate().env_steps
-            calls += 1
-        modules = trainer.inner.modules
-        final = trainer_state(modules, optimizers)
-    finally:
-        handle.remove()
-        trainer.close()
+    calls = env_steps = 0
+    if not trainer.inner.modules:  # a generator builds them in its first call
+        env_steps += trainer.iterate().env_steps
+        calls = 1
+    initial = trainer_state(trainer.inner.modules, [])
+    while calls < iterations or (stepped.count < iterations and env_steps < cap):
+        env_steps += trainer.iterate().env_steps
+        calls += 1
+    modules = trainer.inner.modules
+    final = trainer_state(modules, stepped.optimizers)
     torch.save({"initial": initial, "final": final}, params_out)
     nonfinite = sum(int((~torch.isfinite(v)).sum()) for v in final.values() if v.is_floating_point())
     return {"parity": {"modules": [type(m).__name__ for m in modules],
-                       "optimizer_classes": [type(o).__name__ for o in optimizers], "tensors": len(final),
-                       "nonfinite": nonfinite, "calls": calls, "optimizer_steps": steps[0]}}
+                       "optimizer_classes": [type(o).__name__ for o in stepped.optimizers], "tensors": len(final),
+                       "nonfinite": nonfinite, "calls": calls, "optimizer_steps": stepped.count}}
 
 
-def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None]) -> None:
-    import time
-
+def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None], checks: bool = True,
+           parity: tuple[int, str] | None = None) -> None:
     from harness.measurement.metrics import TimingProbe
     from harness.measurement.runner import resolve_specs, run_checks
 
     (resolution,) = resolve_specs([spec])
     trainer = spec.build(resolution, probe=TimingProbe())
     try:
+        ready: dict[str, Any] = {"ready": True}
+        if parity is not None:  # the maths check first, on the trainer fresh from the seed: its calls warm it up
+            with OptimizerSteps() as stepped:
+                ready.update(_parity_of(trainer, resolution, stepped, *parity))
         _train(trainer, max(1, resolution.config.run.warmup_steps))
-        checks = run_checks(trainer, resolution.device, resolution.config.env.num_envs, own=True)
-        _train(trainer, 1)  # one call out of the eager checks before the first timed slice
-        answer({"ready": True, "float64_ops": checks.float64_ops, "host_syncs_per_step": checks.host_syncs_per_step,
-                "optimizers": _implementations()})
+        ready["optimizers"] = _implementations()
+        if checks:
+            found = run_checks(trainer, resolution.device, resolution.config.env.num_envs, own=True)
+            _train(trainer, 1)  # one call out of the eager checks before the first timed slice
+            ready.update(float64_ops=found.float64_ops, host_syncs_per_step=found.host_syncs_per_step)
+        answer({**ready, "ready_s": time.monotonic() - BORN})
         for line in requests:
             steps = int(json.loads(line)["env_steps"])
+            _train(trainer, 1)  # untimed: a process idle while the others ran starts its slice as warm as theirs
             wall, cpu = time.perf_counter(), time.process_time()
             done = _train(trainer, steps)
             answer({"env_steps": done, "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu})
@@ -229,7 +256,8 @@ def serve_main(request: dict[str, Any]) -> int:
         channel.write(json.dumps(data) + "\n")
 
     try:
-        _serve(_start(request), sys.stdin, answer)
+        parity = (request["iterations"], request["params_out"]) if request.get("parity") else None
+        _serve(_start(request), sys.stdin, answer, request.get("checks", True), parity)
         return 0
     except KeyboardInterrupt:
         return 130

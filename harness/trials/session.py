@@ -142,20 +142,24 @@ def _diff(names: list[str], edited: dict[Path, tuple[str, str]], factory: tuple[
     return unified_diff(files, base)
 
 
-def _parities(runner: ArmRunner, trials: list[Trial], iterations: int, report: TryReport,
-              say: Callable[[str], None]) -> dict[str, Any]:
-    """Each trial's parity against the unchanged trainer's (run twice: its own noise); the reference's answer."""
-    say(f"try: the maths: {iterations} iterate() calls (at least {iterations} optimizer steps) from the seed, "
-        "unchanged twice and each change once")
-    first = runner.run(Arm(rounds.UNCHANGED), "parity", iterations)
-    second = runner.run(Arm(rounds.UNCHANGED), "parity", iterations) if "error" not in first else first
-    if "error" in first or "error" in second:
+def _parities(runner: ArmRunner, trials: list[Trial], maths: dict[str, dict[str, Any]], iterations: int,
+              report: TryReport) -> dict[str, Any]:
+    """Each trial's parity against the unchanged trainer's, from the first round's maths checks (``maths``: each
+    arm's ready answer); the unchanged trainer's own noise from the A/A arm (the unchanged trainer run again),
+    or from a second run of it where there is none. The reference's answer."""
+    first = maths.get(rounds.UNCHANGED, {})
+    second = maths.get(A_A, {})
+    if "parity" not in second:
+        second = runner.run(Arm(rounds.UNCHANGED), "parity", iterations)
+    if "parity" not in first or "error" in second:
         raise rounds.UnchangedFailed(f"the unchanged trainer failed: {first.get('error') or second.get('error')}")
     noise = parity.compare(parity.load(first["params"]), parity.load(second["params"])).value
     report.noise = float("inf") if noise is None else noise
     report.unchanged_nonfinite = first.get("parity", {}).get("nonfinite")
     for trial in trials:
-        _check_maths(runner, trial, first, report.noise, iterations)
+        answer = maths.get(trial.name)
+        if answer is not None and "parity" in answer:
+            _classify(trial, first, answer, report.noise)
     return first
 
 
@@ -165,10 +169,15 @@ def _check_maths(runner: ArmRunner, trial: Trial, reference: dict[str, Any], noi
     if "error" in answer:
         trial.error, trial.log = answer["error"], answer.get("log")
         return
+    _classify(trial, reference, answer, noise)
+
+
+def _classify(trial: Trial, reference: dict[str, Any], answer: dict[str, Any], noise: float) -> None:
+    """The trial's maths from its check's answer (``{"parity", "params"}``) against the unchanged trainer's."""
     trial.parity = parity.classify(parity.compare(parity.load(reference["params"]), parity.load(answer["params"])),
                                    noise)
     trial.nonfinite = answer["parity"]["nonfinite"]
-    trial.optimizers = answer.get("optimizers", {})
+    trial.optimizers = answer.get("optimizers", {}) or trial.optimizers
 
 
 def members(trials: list[Trial]) -> list[Trial]:
@@ -291,20 +300,27 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
             return report
         runner = ArmRunner(target, workdir)
         try:
-            reference = _parities(runner, live, iterations, report, say)
+            effects: dict[str, rounds.Effect] = {}
+            for trial in live:
+                trial.effect = effects.setdefault(trial.name, rounds.Effect())
+            say(f"try: {rounds_count} rounds of {1 + len(live)} live processes (unchanged, "
+                + ", ".join(t.name for t in live) + f"), {cycles} turns each in slices of about "
+                f"{slices.SLICE_SECONDS} s; the first round's also check the maths: {iterations} iterate() calls "
+                f"(at least {iterations} optimizer steps) from the seed")
+            maths: dict[str, dict[str, Any]] = {}
+            interrupted = False
+            try:
+                report.rounds_run = slices.measure(runner, [t.arm for t in live if t.arm is not None], rounds_count,
+                                                   effects, say, cycles, exempt=frozenset({A_A}), maths=maths,
+                                                   parity_iterations=iterations)
+            except KeyboardInterrupt:  # the maths already checked are kept
+                interrupted = True
+            reference = _parities(runner, live, maths, iterations, report) if maths else {}
+            if interrupted:
+                raise KeyboardInterrupt
             for trial in live:
                 if trial.optimizers and trial.arm is not None:  # the patch names what the arm built (fused/foreach)
                     trial.diff = _diff([trial.name], trial.arm.edited, factory, trial.optimizers)
-            measured = [t for t in live if t.error is None]
-            effects: dict[str, rounds.Effect] = {}
-            for trial in measured:
-                trial.effect = effects.setdefault(trial.name, rounds.Effect())
-            say(f"try: {rounds_count} rounds of {1 + len(measured)} live processes (unchanged, "
-                + ", ".join(t.name for t in measured) + f"), {cycles} turns each in slices of about "
-                f"{slices.SLICE_SECONDS} s")
-            report.rounds_run = slices.measure(runner, [t.arm for t in measured if t.arm is not None], rounds_count,
-                                               effects, say, cycles, exempt=frozenset({A_A}))
-            for trial in measured:
                 if trial.error is None and trial.effect.error is not None:  # type: ignore[union-attr]
                     trial.error, trial.log = trial.effect.error, trial.effect.log  # type: ignore[union-attr]
             chosen = members(report.trials)

@@ -19,7 +19,7 @@ import math
 from typing import Any, Callable
 
 from harness.trials.arms import Arm, ArmRunner
-from harness.trials.rounds import INTERIM_CONFIDENCE, UNCHANGED, Effect, UnchangedFailed
+from harness.trials.rounds import INTERIM_CONFIDENCE, MIN_ROUNDS, UNCHANGED, Effect, UnchangedFailed
 
 SLICE_SECONDS = 0.25
 """Wall seconds a slice aims at (whole calls of the trainer, at least one)."""
@@ -36,44 +36,108 @@ def slice_steps(probe: dict[str, Any]) -> int:
 
 def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, Effect],
             say: Callable[[str], None], cycles: int = CYCLES, label: str = "round",
-            exempt: frozenset[str] = frozenset()) -> int:
+            exempt: frozenset[str] = frozenset(), maths: dict[str, dict[str, Any]] | None = None,
+            parity_iterations: int = 0) -> int:
     """Up to ``rounds`` rounds of ``cycles`` turns into ``effects`` (by arm name; an arm that fails keeps its cause
-    and leaves); the rounds run. It stops early, after at least ``MIN_ROUNDS``, once every live arm but those
-    ``exempt`` (the A/A arm: a check, not a decision) is decisive (``Effect.decisive``). A KeyboardInterrupt leaves
-    the pairs measured so far in ``effects``."""
+    and leaves); the rounds run. After at least ``MIN_ROUNDS``, an arm already decisive (``Effect.decisive``) is
+    measured no further, and the measurement stops once every arm but those ``exempt`` (the A/A arm: a check, not
+    a decision, measured in the first ``MIN_ROUNDS`` only: enough for its interval) is. The checks (float64 ops, host syncs: the same in every process) run in the first round only;
+    with ``maths``, the first round's processes also check the maths over ``parity_iterations`` calls from the seed
+    before they warm up, and their ready answers (``parity``, ``params``) go into it by arm name, the unchanged
+    trainer's too. A KeyboardInterrupt leaves the pairs measured so far in ``effects``."""
     for name in (arm.name for arm in arms):
         effects.setdefault(name, Effect())
     steps = 0
+    settled: set[str] = set()
+    ready_s: dict[str, float] = {}
     for number in range(rounds):
-        live = [arm for arm in arms if effects[arm.name].error is None]
+        live = [arm for arm in arms if effects[arm.name].error is None and arm.name not in settled]
         if not live:
             return number
-        served = {arm.name: runner.serve(arm) for arm in [Arm(UNCHANGED), *live]}
+        served: dict[str, Any] = {}
         try:
-            base = served[UNCHANGED].ready()
+            checking = parity_iterations if maths is not None and number == 0 else 0
+            answers = _start(runner, _slowest_first([Arm(UNCHANGED), *live], ready_s), served, number == 0, checking)
+            if checking:
+                maths.update(answers)  # type: ignore[union-attr]
+            ready_s.update({name: float(a.get("ready_s") or 0.0) for name, a in answers.items()})
+            base = answers[UNCHANGED]
             if "error" in base:
                 raise UnchangedFailed(f"the unchanged trainer failed in round {number + 1}: {base['error']}")
             for arm in live:
-                answer = served[arm.name].ready()
+                answer = answers[arm.name]
                 if "error" in answer:
                     _fail(effects[arm.name], answer, served[arm.name])
-                else:
+                elif number == 0:
                     effects[arm.name].add_checks(base, answer)
             steps = steps or slice_steps(_unchanged_slice(served[UNCHANGED], 1))
             _turns(served, [a for a in live if effects[a.name].error is None], effects, steps, cycles, number)
         finally:
-            for process in served.values():
-                process.close()
+            close_all(served.values())
         shown = [f"{arm.name} {effects[arm.name].ratio().value:.3f}x" for arm in live
                  if effects[arm.name].error is None and effects[arm.name].pairs]
         say(f"try: {label} {number + 1}/{rounds} ({cycles} turns of {steps:,} env steps a slice): "
             + (", ".join(shown) or "every change failed"))
-        deciding = [effects[a.name] for a in arms if a.name not in exempt and effects[a.name].error is None]
-        if number + 1 < rounds and deciding and all(e.decisive() for e in deciding):
+        deciding = [a.name for a in arms if a.name not in exempt and effects[a.name].error is None]
+        newly = [name for name in deciding if name not in settled and effects[name].decisive()]
+        settled.update(newly)
+        if number + 1 >= MIN_ROUNDS:
+            settled.update(exempt)
+        if number + 1 < rounds and deciding and all(name in settled for name in deciding):
             say(f"try: stopped after {number + 1} of {rounds} {label}s: every interval is already decisive at "
                 f"{INTERIM_CONFIDENCE:.0%}")
             return number + 1
+        if number + 1 < rounds and newly:
+            say(f"try: {', '.join(newly)} already decisive at {INTERIM_CONFIDENCE:.0%}: measured no further")
     return rounds
+
+
+def _start(runner: ArmRunner, arms: list[Arm], served: dict[str, Any], checks: bool,
+           parity_iterations: int = 0) -> dict[str, dict[str, Any]]:
+    """Every arm's process started (into ``served``) and its ready answer, at most ``runner.width()`` warming up at
+    once: warm-ups whose threads outnumber the cores spin against each other and take several times as long. A
+    free place goes to the next arm as soon as any warm-up is done."""
+    width = runner.width() if hasattr(runner, "width") else 1
+    answers: dict[str, dict[str, Any]] = {}
+    waiting: list[str] = []
+    for arm in arms:
+        while len(waiting) >= width:
+            _first_ready(served, waiting, answers)
+        served[arm.name] = runner.serve(arm, checks=checks, **({"parity_iterations": parity_iterations}
+                                                               if parity_iterations else {}))
+        waiting.append(arm.name)
+    while waiting:
+        _first_ready(served, waiting, answers)
+    return answers
+
+
+def _first_ready(served: dict[str, Any], waiting: list[str], answers: dict[str, dict[str, Any]]) -> None:
+    """Wait for whichever of ``waiting`` is ready first; its answer into ``answers``."""
+    while True:
+        for name in waiting:
+            poll = getattr(served[name], "ready_within", None)
+            answer = served[name].ready() if poll is None else poll(0.02)
+            if answer is not None:
+                waiting.remove(name)
+                answers[name] = answer
+                return
+
+
+def _slowest_first(arms: list[Arm], ready_s: dict[str, float]) -> list[Arm]:
+    """The arms whose processes took longest to be ready last round start first (a compiling arm on one core while
+    the others warm up on the rest); the first round keeps the given order."""
+    return sorted(arms, key=lambda arm: -ready_s.get(arm.name, 0.0))
+
+
+def close_all(processes: Any) -> None:
+    """Every served process asked to end at once, then each waited for (one by one, their ends would add up)."""
+    processes = list(processes)
+    for process in processes:
+        ending = getattr(process, "end_requests", None)
+        if ending is not None:
+            ending()
+    for process in processes:
+        process.close()
 
 
 def _turns(served: dict[str, Any], live: list[Arm], effects: dict[str, Effect], steps: int, cycles: int,
