@@ -59,10 +59,44 @@ class Arm:
 class ArmRunner:
     """Runs arms in fresh processes, each request, answer and log in ``workdir``."""
 
-    def __init__(self, target: Target, workdir: Path) -> None:
+    def __init__(self, target: Target, workdir: Path, forked: bool = True) -> None:
         self.target, self.workdir = target, workdir
         self.count = 0
         self._lock = threading.Lock()
+        self.forked = forked
+        """Arm processes forked from a warm zygote (``zygote``); False, or where it cannot start: plain ones."""
+        self._zygote: Any = None
+
+    def _warm(self) -> Any:
+        """The zygote, started on first use; None where arms start as plain processes."""
+        if self.forked and self._zygote is None:
+            from harness.trials.zygote import Zygote
+
+            try:
+                self._zygote = Zygote(_child_env())
+            except OSError:
+                self._zygote = False
+        return self._zygote or None
+
+    def launch(self, request: Path, sink: Any, pipes: bool) -> Any:
+        """The arm's process for ``request``: forked by the zygote, or a plain one. With ``pipes`` its stdin and
+        stdout are text pipes to the parent and its stderr goes to ``sink``; without, both outputs go there."""
+        zygote = self._warm()
+        if zygote is not None:
+            try:
+                return _forked(zygote, [str(request)], sink, pipes)
+            except OSError:
+                pass
+        if pipes:
+            return subprocess.Popen(child_command(request), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=sink, env=_child_env(), text=True, bufsize=1)
+        return subprocess.Popen(child_command(request), stdout=sink, stderr=subprocess.STDOUT, env=_child_env())
+
+    def close(self) -> None:
+        """The zygote ended (its arm processes are ended by their owners)."""
+        if self._zygote:
+            self._zygote.close()
+        self._zygote = None
 
     def _request(self, arm: Arm, mode: str, iterations: int = 0,
                  checks: bool = True) -> tuple[Path, Path, Path, dict[str, Any]]:
@@ -91,7 +125,7 @@ class ArmRunner:
         """The child's answer: ``{"parity", "params"}`` or ``{"error"}`` (one line), with its ``log``."""
         path, out, log, request = self._request(arm, mode, iterations)
         with open(log, "wb") as sink:
-            process = subprocess.Popen(child_command(path), stdout=sink, stderr=subprocess.STDOUT, env=_child_env())
+            process = self.launch(path, sink, pipes=False)
             silence = Silence(Path(request["heartbeat"]), self.target.timeout_s)
             try:
                 code = _wait(process, silence)
@@ -120,7 +154,32 @@ class ArmRunner:
             request["parity"] = True
             path.write_text(json.dumps(request), encoding="utf-8")
         return ServedArm(child_command(path), log, Silence(Path(request["heartbeat"]), self.target.timeout_s),
-                         request["params_out"] if parity_iterations else None)
+                         request["params_out"] if parity_iterations else None,
+                         launch=lambda sink: self.launch(path, sink, pipes=True))
+
+
+def _forked(zygote: Any, argv: list[str], sink: Any, pipes: bool) -> Any:
+    """An arm process forked by ``zygote`` (``launch``'s streams)."""
+    if not pipes:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            return zygote.spawn(argv, devnull, sink.fileno(), sink.fileno())
+        finally:
+            os.close(devnull)
+    their_stdin, our_stdin = os.pipe()
+    our_stdout, their_stdout = os.pipe()
+    try:
+        process = zygote.spawn(argv, their_stdin, their_stdout, sink.fileno())
+    except OSError:
+        os.close(our_stdin)
+        os.close(our_stdout)
+        raise
+    finally:
+        os.close(their_stdin)
+        os.close(their_stdout)
+    process.stdin = open(our_stdin, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed with the process
+    process.stdout = open(our_stdout, encoding="utf-8")  # noqa: SIM115
+    return process
 
 
 def starting_width(threads_cap: int | None) -> int:
@@ -196,11 +255,15 @@ class ServedArm:
     answers are JSON lines on the process's stdin and stdout; whatever the trainer prints goes to the log. A process
     silent for longer than its ``silence`` allows is stopped: the arm fails with one line."""
 
-    def __init__(self, command: list[str], log: Path, silence: Silence, params: str | None = None) -> None:
+    def __init__(self, command: list[str], log: Path, silence: Silence, params: str | None = None,
+                 launch: Any = None) -> None:
         self.log, self.silence, self.params = log, silence, params
         self._sink = open(log, "wb")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink,
-                                        env=_child_env(), text=True, bufsize=1)
+        if launch is not None:
+            self.process = launch(self._sink)
+        else:
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink,
+                                            env=_child_env(), text=True, bufsize=1)
         self.failed: str | None = None
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -276,6 +339,9 @@ class ServedArm:
         try:
             self.end_requests()
             self.process.wait(timeout=30)
+            if self.process.stdout is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self.process.stdout.close()
         except (subprocess.TimeoutExpired, OSError):
             stop(self.process)
         finally:

@@ -330,6 +330,9 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
             report.interrupted = True
         except rounds.UnchangedFailed as failed:
             report.failed = str(failed)
+        finally:
+            if hasattr(runner, "close"):
+                runner.close()
     finally:
         if report.failed or report.failures:
             report.workdir = str(workdir)  # the logs the failures quote stay where they are named
