@@ -17,7 +17,8 @@ from harness.cli.options import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRU
 from harness.errors import UserError
 
 EXIT_NO_PATCH = 3
-"""``--patch`` not written: the combination changed the maths, failed or was slower (one line says which)."""
+"""``--patch`` not written: the combination changed the maths, failed or was slower, or the unchanged trainer is not
+reproducible from its seed (one line says which)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             epilog=f"Exit codes: {EXIT_OK} done; {EXIT_CHECK_FAILED} a trial failed (the others are "
                                    f"measured) or the unchanged trainer failed; {EXIT_BAD_INPUT} bad input; "
                                    f"{EXIT_NO_PATCH} --patch not written because the combination changed the maths, "
-                                   f"failed or was slower; {EXIT_INTERRUPTED} interrupted.")
+                                   f"failed or was slower, or the unchanged trainer is not reproducible from its "
+                                   f"seed (the report names what to seed); {EXIT_INTERRUPTED} interrupted.")
     parser.add_argument("target", nargs="?", default=None, metavar="FILE.yaml",
                         help="a YAML file naming your trainer with trainer: (or --trainer)")
     parser.add_argument("--trainer", metavar="MODULE:ATTRIBUTE",

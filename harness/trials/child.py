@@ -109,13 +109,17 @@ def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
     from harness.measurement.metrics import TimingProbe
     from harness.measurement.runner import resolve_specs
 
+    from harness.trials.seeding import SeedAudit
+
     (resolution,) = resolve_specs([spec])
-    with OptimizerSteps() as stepped:
+    with SeedAudit() as audit, OptimizerSteps() as stepped:
         trainer = spec.build(resolution, probe=TimingProbe())
         try:
-            return _parity_of(trainer, resolution, stepped, iterations, params_out)
+            answer = _parity_of(trainer, resolution, stepped, iterations, params_out)
         finally:
             trainer.close()
+    answer["parity"]["unseeded"] = audit.findings()
+    return answer
 
 
 class OptimizerSteps:
@@ -168,13 +172,22 @@ def _serve(spec: Any, requests: Any, answer: Callable[[dict[str, Any]], None], c
     from harness.measurement.metrics import TimingProbe
     from harness.measurement.runner import resolve_specs, run_checks
 
+    from harness.trials.seeding import SeedAudit
+
     (resolution,) = resolve_specs([spec])
+    audit = SeedAudit()
+    if parity is not None:
+        audit.__enter__()
     trainer = spec.build(resolution, probe=TimingProbe())
     try:
         ready: dict[str, Any] = {"ready": True}
         if parity is not None:  # the maths check first, on the trainer fresh from the seed: its calls warm it up
-            with OptimizerSteps() as stepped:
-                ready.update(_parity_of(trainer, resolution, stepped, *parity))
+            try:
+                with OptimizerSteps() as stepped:
+                    ready.update(_parity_of(trainer, resolution, stepped, *parity))
+            finally:
+                audit.__exit__()
+            ready["parity"]["unseeded"] = audit.findings()
         _train(trainer, max(1, resolution.config.run.warmup_steps))
         ready["optimizers"] = _implementations()
         if checks:

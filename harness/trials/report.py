@@ -6,6 +6,7 @@ from typing import Any
 
 from harness.diagnosis.frames import short
 from harness.trials.catalogue import A_A, CHANGES
+from harness.trials.parity import TOLERANCE
 from harness.trials.session import Trial, TryReport
 from harness.trials.slices import SLICE_SECONDS
 
@@ -57,6 +58,7 @@ def table(report: TryReport) -> str:
     if report.unchanged_nonfinite:
         lines.append(f"The unchanged trainer itself ends the maths check with {report.unchanged_nonfinite} NaN/Inf "
                      "values: a change is compared where it is finite, and must have NaN/Inf at the same places.")
+    lines += unseeded_lines(report)
     if report.interrupted:
         lines.append("Interrupted: the pairs measured before it are shown.")
     measured = [t.effect for t in tried if t.effect and t.effect.pairs]
@@ -179,6 +181,22 @@ def _pair(pair: tuple[Any, Any]) -> dict[str, Any]:
     return {"unchanged": pair[0], "changed": pair[1]}
 
 
+def unseeded_lines(report: TryReport) -> list[str]:
+    """Why no change's maths could be judged: the unchanged trainer differs from itself, and what to seed."""
+    if report.noise is None or report.noise <= TOLERANCE:
+        return []
+    lines = [f"Not reproducible: the unchanged trainer run twice from its seed differs by {report.noise:.2g}, so no "
+             "change's maths can be judged and none joins a patch. Seed it, then try again:"]
+    for found in report.unseeded:
+        where = found["where"] if found["where"] == "the factory" else short(found["where"])
+        lines.append(f"- {where}: {found['what']}; fix: {found['fix']}")
+    if not report.unseeded:
+        lines.append("- no unseeded env reset was seen: seed every source of randomness in the factory from its "
+                     "seed (torch.manual_seed(seed), np.random.seed(seed), random.seed(seed), the env's first "
+                     "reset(seed=seed))")
+    return lines
+
+
 def as_json(report: TryReport) -> dict[str, Any]:
     combined = report.combined
     tried = [t for t in report.trials if t.skip is None]
@@ -187,7 +205,7 @@ def as_json(report: TryReport) -> dict[str, Any]:
         "rounds_run": report.rounds_run, "combined_rounds": report.combined_rounds, "a_a": A_A,
         "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS, "threads_cap": report.threads_cap,
         "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
-        "unchanged_nonfinite": report.unchanged_nonfinite,
+        "unchanged_nonfinite": report.unchanged_nonfinite, "unseeded": report.unseeded,
         "trials": [_trial(t) for t in tried],
         "skipped": [{"change": t.name, "reason": t.skip} for t in report.trials if t.skip is not None],
         "combined": {"changes": report.combined_changes, "ratio": _ratio(combined),

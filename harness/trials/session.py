@@ -97,6 +97,9 @@ class TryReport:
     """The unchanged trainer's own parity: its largest relative difference run twice from the seed."""
     unchanged_nonfinite: int | None = None
     """NaN/Inf values in the unchanged trainer's state after the maths check."""
+    unseeded: list[dict[str, str]] = field(default_factory=list)
+    """Where the unchanged trainer's randomness escapes its seed, each ``{"where", "what", "fix"}``
+    (``seeding``): set when its two runs from one seed differ (its maths "not reproducible")."""
     interrupted: bool = False
     failed: str | None = None
     """Why the try stopped (the unchanged trainer failed)."""
@@ -156,11 +159,27 @@ def _parities(runner: ArmRunner, trials: list[Trial], maths: dict[str, dict[str,
     noise = parity.compare(parity.load(first["params"]), parity.load(second["params"])).value
     report.noise = float("inf") if noise is None else noise
     report.unchanged_nonfinite = first.get("parity", {}).get("nonfinite")
+    if not report.noise <= parity.TOLERANCE:
+        report.unseeded = _unseeded(first, second)
     for trial in trials:
         answer = maths.get(trial.name)
         if answer is not None and "parity" in answer:
             _classify(trial, first, answer, report.noise)
     return first
+
+
+def _unseeded(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, str]]:
+    """What the unchanged trainer's two runs say escaped the seed: its unseeded env resets, and torch's generator
+    where the two runs' initial weights already differ."""
+    import torch
+
+    from harness.trials.seeding import initial_weights_fix
+
+    found = list(first.get("parity", {}).get("unseeded") or [])
+    before, again = parity.load(first["params"])["initial"], parity.load(second["params"])["initial"]
+    if before.keys() != again.keys() or any(not torch.equal(before[k], again[k]) for k in before):
+        found.insert(0, initial_weights_fix())
+    return found
 
 
 def _check_maths(runner: ArmRunner, trial: Trial, reference: dict[str, Any], noise: float, iterations: int) -> None:
@@ -324,6 +343,9 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
                 if trial.error is None and trial.effect.error is not None:  # type: ignore[union-attr]
                     trial.error, trial.log = trial.effect.error, trial.effect.log  # type: ignore[union-attr]
             chosen = members(report.trials)
+            if not (report.noise is None or report.noise <= parity.TOLERANCE):
+                report.no_patch = ("the unchanged trainer is not reproducible from its seed, so no change's maths "
+                                   "could be judged: seed what the report names, then try again")
             if chosen:
                 _combine(runner, chosen, reference, workdir, factory, report, say)
         except KeyboardInterrupt:
