@@ -436,3 +436,18 @@ def test_arms_start_one_at_a_time_where_each_would_take_every_core(monkeypatch: 
 
     monkeypatch.setattr(machine_state, "usable_cores", lambda: 8)
     assert [starting_width(cap) for cap in (None, 8, 4, 3, 1)] == [1, 1, 2, 2, 8]
+
+
+def test_the_progress_and_the_report_give_the_slice_as_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice is whole calls of the trainer (a call longer than the slice aimed at makes it longer than asked): the
+    lines say what ran, not what was aimed at."""
+    from harness.trials import report as report_module
+    from harness.trials.slices import as_ran
+
+    report = _session(monkeypatch, {"threads_1": 1.3}, {})
+    assert report.slices_ran and as_ran(report.slices_ran).startswith("a slice ran ")
+    assert as_ran([{"env_steps": 1000, "wall": 1.1}, {"env_steps": 1000, "wall": 1.2},
+                   {"env_steps": 1000, "wall": 1.1}]) == "a slice ran 1,000 env steps in 1.1 s (median of 3)"
+    assert f"from slices ({as_ran(report.slices_ran)})" in report_module.table(report)
+    ran = report_module.as_json(report)["try"]
+    assert ran["slice_env_steps_ran"] > 0 and ran["slice_seconds_ran"] > 0

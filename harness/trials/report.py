@@ -44,7 +44,7 @@ def table(report: TryReport) -> str:
                      f"{trial.verdict} |")
     ran = report.rounds_run or report.rounds
     stopped = " (stopped early: every change decisive at 99 %)" if ran < report.rounds else ""
-    lines += ["", f"Effect: changed / unchanged env steps/s (wall time) from slices of about {SLICE_SECONDS} s, each "
+    lines += ["", f"Effect: changed / unchanged env steps/s (wall time) from slices ({_slices(report)}), each "
               f"changed slice between two of the unchanged trainer, {report.cycles} turns in each of {ran} of "
               f"{report.rounds} rounds of fresh processes{stopped}; the round is the unit: each round's geometric "
               f"mean ratio, their median and a 95 % t interval over rounds (per change: see the A/A arm for this "
@@ -181,6 +181,13 @@ def _pair(pair: tuple[Any, Any]) -> dict[str, Any]:
     return {"unchanged": pair[0], "changed": pair[1]}
 
 
+def _slices(report: TryReport) -> str:
+    """The slices as they ran, or as they were aimed where none ran."""
+    from harness.trials.slices import as_ran
+
+    return as_ran(report.slices_ran) if report.slices_ran else f"aimed at {SLICE_SECONDS} s"
+
+
 def unseeded_lines(report: TryReport) -> list[str]:
     """Why no change's maths could be judged: the unchanged trainer differs from itself, and what to seed."""
     if report.noise is None or report.noise <= TOLERANCE:
@@ -203,7 +210,8 @@ def as_json(report: TryReport) -> dict[str, Any]:
     return {"try": {
         "target": report.target, "variant": report.variant, "device": report.device, "rounds": report.rounds,
         "rounds_run": report.rounds_run, "combined_rounds": report.combined_rounds, "a_a": A_A,
-        "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS, "threads_cap": report.threads_cap,
+        "turns_per_round": report.cycles, "slice_seconds": SLICE_SECONDS, "slice_seconds_ran": _median(report, "wall"),
+        "slice_env_steps_ran": _median(report, "env_steps"), "threads_cap": report.threads_cap,
         "parity_iterations": report.iterations, "unchanged_parity_noise": report.noise,
         "unchanged_nonfinite": report.unchanged_nonfinite, "unseeded": report.unseeded,
         "trials": [_trial(t) for t in tried],
@@ -215,3 +223,9 @@ def as_json(report: TryReport) -> dict[str, Any]:
                      "patch": report.patch, "no_patch": report.no_patch},
         "interrupted": report.interrupted, "failed": report.failed, "workdir": report.workdir,
         "accepted_changes": list(CHANGES)}}
+
+
+def _median(report: TryReport, key: str) -> float | None:
+    import statistics
+
+    return statistics.median(float(a[key]) for a in report.slices_ran) if report.slices_ran else None

@@ -103,6 +103,8 @@ class TryReport:
     interrupted: bool = False
     failed: str | None = None
     """Why the try stopped (the unchanged trainer failed)."""
+    slices_ran: list[dict[str, Any]] = field(default_factory=list)
+    """Every slice of the trials' rounds as it ran (``{"env_steps", "wall", "cpu"}``)."""
     rounds_run: int = 0
     """Rounds the trials ran (fewer than ``rounds`` when every interval was decisive early)."""
     combined_rounds: int = 0
@@ -323,15 +325,15 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
             for trial in live:
                 trial.effect = effects.setdefault(trial.name, rounds.Effect())
             say(f"try: {rounds_count} rounds of {1 + len(live)} live processes (unchanged, "
-                + ", ".join(t.name for t in live) + f"), {cycles} turns each in slices of about "
-                f"{slices.SLICE_SECONDS} s; the first round's also check the maths: {iterations} iterate() calls "
+                + ", ".join(t.name for t in live) + f"), {cycles} turns each in slices aimed at "
+                f"{slices.SLICE_SECONDS} s (whole calls); the first round's also check the maths: {iterations} iterate() calls "
                 f"(at least {iterations} optimizer steps) from the seed")
             maths: dict[str, dict[str, Any]] = {}
             interrupted = False
             try:
                 report.rounds_run = slices.measure(runner, [t.arm for t in live if t.arm is not None], rounds_count,
                                                    effects, say, cycles, exempt=frozenset({A_A}), maths=maths,
-                                                   parity_iterations=iterations)
+                                                   parity_iterations=iterations, ran=report.slices_ran)
             except KeyboardInterrupt:  # the maths already checked are kept
                 interrupted = True
             reference = _parities(runner, live, maths, iterations, report) if maths else {}

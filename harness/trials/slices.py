@@ -37,14 +37,16 @@ def slice_steps(probe: dict[str, Any]) -> int:
 def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, Effect],
             say: Callable[[str], None], cycles: int = CYCLES, label: str = "round",
             exempt: frozenset[str] = frozenset(), maths: dict[str, dict[str, Any]] | None = None,
-            parity_iterations: int = 0) -> int:
+            parity_iterations: int = 0, ran: list[dict[str, Any]] | None = None) -> int:
     """Up to ``rounds`` rounds of ``cycles`` turns into ``effects`` (by arm name; an arm that fails keeps its cause
     and leaves); the rounds run. After at least ``MIN_ROUNDS``, an arm already decisive (``Effect.decisive``) is
     measured no further, and the measurement stops once every arm but those ``exempt`` (the A/A arm: a check, not
     a decision, measured in the first ``MIN_ROUNDS`` only: enough for its interval) is. The checks (float64 ops, host syncs: the same in every process) run in the first round only;
     with ``maths``, the first round's processes also check the maths over ``parity_iterations`` calls from the seed
     before they warm up, and their ready answers (``parity``, ``params``) go into it by arm name, the unchanged
-    trainer's too. A KeyboardInterrupt leaves the pairs measured so far in ``effects``."""
+    trainer's too. Every slice's answer as it ran (``{"env_steps", "wall", "cpu"}``) goes into ``ran``. A
+    KeyboardInterrupt leaves the pairs measured so far in ``effects``."""
+    ran = [] if ran is None else ran
     for name in (arm.name for arm in arms):
         effects.setdefault(name, Effect())
     steps = 0
@@ -71,12 +73,13 @@ def measure(runner: ArmRunner, arms: list[Arm], rounds: int, effects: dict[str, 
                 elif number == 0:
                     effects[arm.name].add_checks(base, answer)
             steps = steps or slice_steps(_unchanged_slice(served[UNCHANGED], 1))
-            _turns(served, [a for a in live if effects[a.name].error is None], effects, steps, cycles, number)
+            first = len(ran)
+            _turns(served, [a for a in live if effects[a.name].error is None], effects, steps, cycles, number, ran)
         finally:
             close_all(served.values())
         shown = [f"{arm.name} {effects[arm.name].ratio().value:.3f}x" for arm in live
                  if effects[arm.name].error is None and effects[arm.name].pairs]
-        say(f"try: {label} {number + 1}/{rounds} ({cycles} turns of {steps:,} env steps a slice): "
+        say(f"try: {label} {number + 1}/{rounds} ({cycles} turns; {as_ran(ran[first:])}): "
             + (", ".join(shown) or "every change failed"))
         deciding = [a.name for a in arms if a.name not in exempt and effects[a.name].error is None]
         newly = [name for name in deciding if name not in settled and effects[name].decisive()]
@@ -140,10 +143,23 @@ def close_all(processes: Any) -> None:
         process.close()
 
 
+def as_ran(answers: list[dict[str, Any]]) -> str:
+    """The slices as they ran: their median env steps and wall seconds (a slice is whole calls of the trainer, so
+    it may be longer than asked)."""
+    import statistics
+
+    if not answers:
+        return "no slice ran"
+    steps = statistics.median(int(a["env_steps"]) for a in answers)
+    wall = statistics.median(float(a["wall"]) for a in answers)
+    return f"a slice ran {steps:,.0f} env steps in {wall:.2g} s (median of {len(answers)})"
+
+
 def _turns(served: dict[str, Any], live: list[Arm], effects: dict[str, Effect], steps: int, cycles: int,
-           round_index: int) -> None:
+           round_index: int, ran: list[dict[str, Any]]) -> None:
     unchanged = served[UNCHANGED]
     before = _unchanged_slice(unchanged, steps)
+    ran.append(before)
     for cycle in range(cycles):
         order = live if cycle % 2 == 0 else list(reversed(live))
         for arm in order:
@@ -151,6 +167,7 @@ def _turns(served: dict[str, Any], live: list[Arm], effects: dict[str, Effect], 
                 continue
             changed = served[arm.name].slice(steps)
             after = _unchanged_slice(unchanged, steps)
+            ran += [answer for answer in (changed, after) if "error" not in answer]
             if "error" in changed:
                 _fail(effects[arm.name], changed, served[arm.name])
             else:
