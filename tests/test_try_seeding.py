@@ -35,7 +35,7 @@ def _line(path: Path, text: str) -> int:
 
 
 def test_an_env_reset_without_a_seed_is_named_with_its_fix(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, "{reset_seed: false, seed_torch: false}")
+    runner = _runner(tmp_path, "{reset_seed: false, torch_from_entropy: true}")
     try:
         first, second = (runner.run(Arm("unchanged"), "parity", 3) for _ in range(2))
     finally:
@@ -43,7 +43,7 @@ def test_an_env_reset_without_a_seed_is_named_with_its_fix(tmp_path: Path) -> No
     assert "error" not in first, first
     found = session._unseeded(first, second)
     line = _line(tmp_path / "try_unseeded.py", "obs, _ = envs.reset(seed=seed) if")
-    assert found[0]["what"].startswith("the initial weights differ")  # torch's generator: weights differ already
+    assert found[0]["what"].startswith("the weights before the first optimizer step differ")  # torch's generator
     assert found[0]["fix"] == "torch.manual_seed(seed) at the top of the factory"
     assert found[1]["where"].endswith(f"try_unseeded.py:{line}")
     assert "the first reset of a SyncVectorEnv has no seed" in found[1]["what"]
@@ -73,3 +73,13 @@ def test_the_report_says_what_to_seed_where_the_unchanged_trainer_differs_from_i
     assert "torch.manual_seed(seed), np.random.seed(seed)" in unseeded_lines(report)[1]
     report.noise = 0.0
     assert unseeded_lines(report) == []
+
+
+def test_an_env_autoreset_inside_a_vector_env_step_is_not_taken_for_the_user_s_reset(tmp_path: Path) -> None:
+    """SyncVectorEnv resets its finished envs inside ``step()``: only the user's own first reset is named."""
+    runner = _runner(tmp_path, "{reset_seed: false}")
+    try:
+        answer = runner.run(Arm("unchanged"), "parity", 40)  # CartPole episodes end within 40 steps
+    finally:
+        runner.close()
+    assert [found["what"].split(":")[0] for found in answer["parity"]["unseeded"]] == ["envs.reset()"]

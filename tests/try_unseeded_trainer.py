@@ -1,5 +1,6 @@
 """A generator trainer for the tests of ``rlgauge try``'s seed audit: its env's first reset has no seed
-(``reset_seed: false``), and torch's generator is seeded only with ``seed_torch: true``. Every step is yielded; a
+(``reset_seed: false``), and torch's generator is seeded from the OS's entropy with ``torch_from_entropy: true``
+(left alone, it starts from torch's fixed default seed, the same in every process). Every step is yielded; a
 linear policy learns by a gradient step on each step's return."""
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from torch import nn
 
 
 def make_trainer(config: dict, *, device: str, seed: int):  # noqa: ANN201 - a generator
-    if config.get("seed_torch", True):
+    if config.get("torch_from_entropy"):
+        torch.seed()
+    else:
         torch.manual_seed(seed)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)])
     policy = nn.Linear(4, 2)

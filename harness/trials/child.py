@@ -125,12 +125,22 @@ def _parity(spec: Any, iterations: int, params_out: str) -> dict[str, Any]:
 class OptimizerSteps:
     """Every optimizer step counted while entered, and each optimizer that stepped held (its state is read)."""
 
+    def __init__(self, snapshot: Callable[[], Any] | None = None) -> None:
+        self.snapshot = snapshot
+        self.before_first: Any = None
+        """``snapshot()``'s value just before the first optimizer step (the weights as built)."""
+
     def __enter__(self) -> OptimizerSteps:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self.count, self.optimizers = 0, []
-        self._handle = register_optimizer_step_post_hook(self._stepped)
+        self._handles = [register_optimizer_step_post_hook(self._stepped),
+                         register_optimizer_step_pre_hook(self._stepping)]
         return self
+
+    def _stepping(self, *_: Any) -> None:
+        if self.count == 0 and self.before_first is None and self.snapshot is not None:
+            self.before_first = self.snapshot()
 
     def _stepped(self, optimizer: Any, *_: Any) -> None:
         self.count += 1
@@ -138,7 +148,8 @@ class OptimizerSteps:
             self.optimizers.append(optimizer)
 
     def __exit__(self, *_: object) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
 
 def _parity_of(trainer: Any, resolution: Any, stepped: OptimizerSteps, iterations: int,
@@ -150,6 +161,7 @@ def _parity_of(trainer: Any, resolution: Any, stepped: OptimizerSteps, iteration
     import torch
 
     cap = resolution.config.run.warmup_steps + resolution.config.run.steps
+    stepped.snapshot = lambda: trainer_state(trainer.inner.modules, [])
     calls = env_steps = 0
     if not trainer.inner.modules:  # a generator builds them in its first call
         env_steps += trainer.iterate().env_steps
@@ -160,7 +172,7 @@ def _parity_of(trainer: Any, resolution: Any, stepped: OptimizerSteps, iteration
         calls += 1
     modules = trainer.inner.modules
     final = trainer_state(modules, stepped.optimizers)
-    torch.save({"initial": initial, "final": final}, params_out)
+    torch.save({"initial": initial, "final": final, "before_first_step": stepped.before_first}, params_out)
     nonfinite = sum(int((~torch.isfinite(v)).sum()) for v in final.values() if v.is_floating_point())
     return {"parity": {"modules": [type(m).__name__ for m in modules],
                        "optimizer_classes": [type(o).__name__ for o in stepped.optimizers], "tensors": len(final),

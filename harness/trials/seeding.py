@@ -1,7 +1,7 @@
 """Where a trainer's randomness escapes its seed, recorded in the maths check's process so that a "not
 reproducible" verdict can name the line and its one-line fix: an env whose first reset has no seed (gymnasium's
 envs, wrappers and vector envs), a TorchRL env never given one (``EnvBase.set_seed``), and a factory that leaves
-torch's generator unseeded (the two runs' initial weights differ: ``initial_weights_differ``).
+torch's generator unseeded (the two runs' weights differ before their first optimizer step: ``initial_weights_fix``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class SeedAudit:
     def __enter__(self) -> SeedAudit:
         for cls in _gymnasium_env_classes():
             self._wrap(cls, "reset", self._gymnasium_reset)
+            self._wrap(cls, "step", None)  # a vector env's autoreset of its envs is inside its step: not the user's
         torchrl_envs = sys.modules.get("torchrl.envs")
         base = getattr(torchrl_envs, "EnvBase", None) if torchrl_envs else None
         if base is not None:
@@ -41,7 +42,8 @@ class SeedAudit:
             undo()
         self._undo.clear()
 
-    def _wrap(self, cls: type, name: str, record: Callable[..., None]) -> None:
+    def _wrap(self, cls: type, name: str, record: Callable[..., None] | None) -> None:
+        """``cls.name`` wrapped: ``record`` told of each outermost call (None: only nesting is counted)."""
         original = cls.__dict__.get(name)
         if original is None or not callable(original):
             return
@@ -49,7 +51,7 @@ class SeedAudit:
 
         def wrapper(env: Any, *args: Any, **kwargs: Any) -> Any:
             depth = getattr(audit._local, "depth", 0)
-            if depth == 0:
+            if depth == 0 and record is not None:
                 record(env, args, kwargs)
             audit._local.depth = depth + 1
             try:
@@ -106,7 +108,8 @@ class SeedAudit:
 
 def initial_weights_fix() -> dict[str, str]:
     """The finding where two runs from one seed build different initial weights."""
-    return {"where": "the factory", "what": "the initial weights differ between two runs from one seed: torch's "
+    return {"where": "the factory", "what": "the weights before the first optimizer step differ between two runs "
+            "from one seed: torch's "
             "generator is not seeded", "fix": "torch.manual_seed(seed) at the top of the factory"}
 
 

@@ -172,14 +172,17 @@ def _parities(runner: ArmRunner, trials: list[Trial], maths: dict[str, dict[str,
 
 def _unseeded(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, str]]:
     """What the unchanged trainer's two runs say escaped the seed: its unseeded env resets, and torch's generator
-    where the two runs' initial weights already differ."""
+    where the two runs' weights already differ just before their first optimizer step (as built: a generator's
+    first call may have trained before its modules are seen, so its ``initial`` state is no witness)."""
     import torch
 
     from harness.trials.seeding import initial_weights_fix
 
     found = list(first.get("parity", {}).get("unseeded") or [])
-    before, again = parity.load(first["params"])["initial"], parity.load(second["params"])["initial"]
-    if before.keys() != again.keys() or any(not torch.equal(before[k], again[k]) for k in before):
+    before = parity.load(first["params"]).get("before_first_step")
+    again = parity.load(second["params"]).get("before_first_step")
+    if before is not None and again is not None and (
+            before.keys() != again.keys() or any(not torch.equal(before[k], again[k]) for k in before)):
         found.insert(0, initial_weights_fix())
     return found
 
