@@ -386,3 +386,31 @@ def test_try_quiet_sends_the_trainers_prints_while_diagnosed_to_a_named_file(tmp
     assert out.strip() == '{"trials": []}' and "SPS" not in out
     assert "SPS: 123" in (tmp_path / "rlgauge-try.stdout.txt").read_text(encoding="utf-8")
     assert "rlgauge-try.stdout.txt" in err and seen["found"]
+
+
+def test_autocast_trial_runs_on_a_forward_called_inside_compiled_code() -> None:
+    """LeanRL compiles its update: the module hooks that enter and leave autocast run eagerly there (a traced
+    ``__enter__`` would be replayed by the graph while the ``__exit__`` ran for real: "'autocast' object has no
+    attribute 'prev'"), and the forward still runs in bfloat16 with its output back in float32."""
+    from torch import nn
+
+    from harness.trials.runtime_patches import AutocastForwards
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
+    x = torch.randn(16, 4)
+    plain = net(x).detach()
+    casting = AutocastForwards("cpu")
+    try:
+        @torch.compile(backend="eager")
+        def update(batch: torch.Tensor) -> torch.Tensor:
+            out = net(batch)
+            out.pow(2).mean().backward()
+            return out
+
+        outs = [update(x) for _ in range(2)]
+    finally:
+        casting.close()
+    assert all(out.dtype == torch.float32 for out in outs)
+    assert not torch.equal(outs[-1].detach(), plain)  # the forward ran in bfloat16
+    assert torch.allclose(outs[-1].detach(), plain, atol=0.05)

@@ -183,13 +183,17 @@ class AutocastForwards:
     def _autocasts(self) -> bool:
         return torch.is_grad_enabled() and not torch.is_autocast_enabled(self._device_type)
 
+    @torch.compiler.disable
     def _enter(self, module: nn.Module, args: Any) -> None:
+        """Run eagerly even where the module is called inside compiled code (a traced ``__enter__`` would be
+        replayed by the graph while ``_leave`` ran for real): a graph break around the module's call."""
         context = None
         if self._autocasts():
             context = torch.autocast(device_type=self._device_type, dtype=torch.bfloat16)
             context.__enter__()
         self._open.append(context)
 
+    @torch.compiler.disable
     def _leave(self, module: nn.Module, args: Any, output: Any) -> Any:
         context = self._open.pop() if self._open else None
         if context is None:
