@@ -6,11 +6,15 @@ torch's generator unseeded (the two runs' weights differ before their first opti
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any, Callable
 
 from harness.diagnosis.frames import SiteFinder, call_text
+
+
+_PACKAGES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
 class SeedAudit:
@@ -64,10 +68,15 @@ class SeedAudit:
         self._undo.append(lambda: setattr(cls, name, original))
 
     def _site(self) -> tuple[str, str | None]:
-        frame = self._finder.frame(3)
-        if frame is None:
-            return "?", None
-        return f"{frame.f_code.co_filename}:{frame.f_lineno}", call_text(frame)
+        """The user's line the reset came from: the innermost frame outside every installed package (a library's
+        collector that resets its env is not where the user can seed it), rlgauge and the standard library."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not self._finder._skip(filename) and not any(part in filename for part in _PACKAGES):
+                return f"{filename}:{frame.f_lineno}", call_text(frame)
+            frame = frame.f_back
+        return "?", None
 
     def _gymnasium_reset(self, env: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if id(env) in self.first_resets:
