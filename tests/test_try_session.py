@@ -72,7 +72,7 @@ def _session(monkeypatch: pytest.MonkeyPatch, speed: dict[str, float], weight: d
              stop_at: int | None = None, float64: dict[str, int] | None = None, rounds: int = 3) -> session.TryReport:
     made: list[FakeRunner] = []
 
-    def runner(target: Target, workdir: Path) -> FakeRunner:
+    def runner(target: Target, workdir: Path, **_options: Any) -> FakeRunner:
         made.append(FakeRunner(target, workdir, speed, weight, stop_at, float64))
         return made[-1]
 
@@ -260,7 +260,7 @@ def test_a_source_edit_is_tried_in_a_process_that_never_imported_the_module(monk
     assert "try_never_imported" not in sys.modules and str(tmp_path) not in sys.path
     monkeypatch.setattr(sys, "path", list(sys.path))  # what the job arranges is undone after the test
     made: list[FakeRunner] = []
-    monkeypatch.setattr(session, "ArmRunner", lambda target, workdir: made.append(FakeRunner(
+    monkeypatch.setattr(session, "ArmRunner", lambda target, workdir, **_options: made.append(FakeRunner(
         target, workdir, {"validate_args_off": 1.3}, {})) or made[-1])
     from harness.trials.catalogue import CHANGES
     from harness.trials.plan import Candidate
@@ -451,3 +451,20 @@ def test_the_progress_and_the_report_give_the_slice_as_it_ran(monkeypatch: pytes
     assert f"from slices ({as_ran(report.slices_ran)})" in report_module.table(report)
     ran = report_module.as_json(report)["try"]
     assert ran["slice_env_steps_ran"] > 0 and ran["slice_seconds_ran"] > 0
+
+
+def test_arms_are_forked_from_the_zygote_on_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that has touched a GPU's driver cannot be forked safely: CUDA and MPS arms are plain processes."""
+    options: list[dict[str, Any]] = []
+
+    def runner(target: Target, workdir: Path, **given: Any) -> FakeRunner:
+        options.append(given)
+        return FakeRunner(target, workdir, {}, {})
+
+    monkeypatch.setattr(session, "ArmRunner", runner)
+    found = {"device": "cpu", "recommendations": [], "host_syncs": [], "float64": []}
+    target = Target("x.yaml", None, None, "baseline", [], [])
+    for device in ("cpu", "cuda:0", "mps"):
+        session.run_try(target, "x.yaml", device, candidates(found, ["no_change"]), (None, "make_trainer"), 3, 3,
+                        lambda _t: None, cycles=1)
+    assert [o["forked"] for o in options] == [True, False, False]

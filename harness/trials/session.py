@@ -322,7 +322,8 @@ def run_try(target: Target, label: str, device: str, candidates: list[Candidate]
         live = [t for t in report.trials if t.skip is None]
         if not live:
             return report
-        runner = ArmRunner(target, workdir)
+        # forked arms on the CPU only: a process that has touched a GPU's driver cannot be forked safely
+        runner = ArmRunner(target, workdir, forked=device.split(":")[0] == "cpu")
         try:
             effects: dict[str, rounds.Effect] = {}
             for trial in live:
