@@ -414,3 +414,30 @@ def test_autocast_trial_runs_on_a_forward_called_inside_compiled_code() -> None:
     assert all(out.dtype == torch.float32 for out in outs)
     assert not torch.equal(outs[-1].detach(), plain)  # the forward ran in bfloat16
     assert torch.allclose(outs[-1].detach(), plain, atol=0.05)
+
+
+def test_autocast_inside_a_fullgraph_compile_fails_with_a_line_that_says_so() -> None:
+    """LeanRL compiles with fullgraph=True: the autocast hooks' graph break is refused by dynamo; the arm's one line
+    says what cannot be done and where, instead of dynamo's message."""
+    from torch import nn
+
+    from harness.trials.child import arm_failure
+    from harness.trials.runtime_patches import AutocastForwards
+
+    net = nn.Linear(4, 2)
+    casting = AutocastForwards("cpu")
+    try:
+        casting.hook(net)
+
+        @torch.compile(backend="eager", fullgraph=True)
+        def update(batch: torch.Tensor) -> torch.Tensor:
+            return net(batch).sum()
+
+        with pytest.raises(Exception) as raised:
+            update(torch.randn(3, 4))
+    finally:
+        casting.close()
+    line = arm_failure(raised.value, ["autocast_bf16"])
+    assert line.startswith("autocast_bf16 cannot run here: a module is called inside code compiled with fullgraph=True")
+    assert "test_try.py:" in line and "\n" not in line
+    assert arm_failure(ValueError("x"), ["autocast_bf16"]) == "ValueError: x"

@@ -290,7 +290,7 @@ def serve_main(request: dict[str, Any]) -> int:
         import traceback
 
         traceback.print_exc()  # into the arm's log
-        answer({"error": one_line(exc)})
+        answer({"error": arm_failure(exc, request["changes"])})
         return 1
 
 
@@ -307,9 +307,22 @@ def main(argv: list[str]) -> int:
         import traceback
 
         traceback.print_exc()  # into the arm's log
-        answer, code = {"error": one_line(exc)}, 1
+        answer, code = {"error": arm_failure(exc, request["changes"])}, 1
     Path(request["out"]).write_text(json.dumps(answer), encoding="utf-8")
     return code
+
+
+def arm_failure(exc: BaseException, changes: list[str]) -> str:
+    """Why the arm failed, in one line: what a change cannot do where it says so, else ``one_line``."""
+    if "autocast_bf16" in changes and type(exc).__name__ == "Unsupported" and \
+            type(exc).__module__.startswith("torch._dynamo"):
+        from harness.diagnosis.frames import raise_site, short
+
+        where = raise_site(exc)
+        return ("autocast_bf16 cannot run here: a module is called inside code compiled with fullgraph=True"
+                + (f" (at {short(where)})" if where else "") + ", where the hooks that enter and leave autocast "
+                "would break the graph; autocast that code by hand, around the compiled call")
+    return one_line(exc)
 
 
 def one_line(exc: BaseException) -> str:
