@@ -302,7 +302,7 @@ def test_a_busy_machine_caps_every_arms_default_threads_as_run_does(monkeypatch:
     from types import SimpleNamespace as NS
 
     import harness.measurement.machine_state as machine_state
-    from harness.trials import child
+    from harness.trials.processes import child
     from harness.trials.session import fair_threads_cap
     from reference_trainers.runtime import device as dev
 
@@ -421,7 +421,7 @@ def test_autocast_inside_a_fullgraph_compile_fails_with_a_line_that_says_so() ->
     says what cannot be done and where, instead of dynamo's message."""
     from torch import nn
 
-    from harness.trials.child import arm_failure
+    from harness.trials.processes.child import arm_failure
     from harness.trials.runtime_patches import AutocastForwards
 
     net = nn.Linear(4, 2)

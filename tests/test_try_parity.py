@@ -16,8 +16,8 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from harness.trials import parity
-from harness.trials.arms import Arm, ArmRunner, Target
-from harness.trials.child import trainer_state
+from harness.trials.processes.arms import Arm, ArmRunner, Target
+from harness.trials.processes.child import trainer_state
 from harness.trials.runtime_patches import ModuleRecorder, trial_factory
 
 TESTS = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.cli.app import main
-from harness.trials.arms import ServedArm, Silence
+from harness.trials.processes.arms import ServedArm, Silence
 
 TESTS = Path(__file__).resolve().parent
 HANGING_YAML = """\

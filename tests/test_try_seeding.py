@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.trials import session
-from harness.trials.arms import Arm, ArmRunner, Target
+from harness.trials.processes.arms import Arm, ArmRunner, Target
 from harness.trials.report import unseeded_lines
 
 TESTS = Path(__file__).resolve().parent
@@ -30,16 +30,21 @@ def _runner(tmp_path: Path, config: str) -> ArmRunner:
                             fair_threads=False), tmp_path)
 
 
+def _two_runs(tmp_path: Path, config: str) -> tuple[dict, dict]:
+    """The unchanged trainer's maths check twice, each in an arm's process."""
+    runner = _runner(tmp_path, config)
+    try:
+        return runner.run(Arm("unchanged"), "parity", 3), runner.run(Arm("unchanged"), "parity", 3)
+    finally:
+        runner.close()
+
+
 def _line(path: Path, text: str) -> int:
     return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
 def test_an_env_reset_without_a_seed_is_named_with_its_fix(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, "{reset_seed: false, torch_from_entropy: true}")
-    try:
-        first, second = (runner.run(Arm("unchanged"), "parity", 3) for _ in range(2))
-    finally:
-        runner.close()
+    first, second = _two_runs(tmp_path, "{reset_seed: false, torch_from_entropy: true}")
     assert "error" not in first, first
     found = session._unseeded(first, second)
     line = _line(tmp_path / "try_unseeded.py", "obs, _ = envs.reset(seed=seed) if")
@@ -51,11 +56,7 @@ def test_an_env_reset_without_a_seed_is_named_with_its_fix(tmp_path: Path) -> No
 
 
 def test_a_seeded_trainer_has_nothing_to_seed(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, "{}")
-    try:
-        first, second = (runner.run(Arm("unchanged"), "parity", 3) for _ in range(2))
-    finally:
-        runner.close()
+    first, second = _two_runs(tmp_path, "{}")
     assert first["parity"]["unseeded"] == [] and session._unseeded(first, second) == []
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness.trials import session, source_edits
-from harness.trials.arms import Target
+from harness.trials.processes.arms import Target
 from harness.trials.plan import candidates
 
 TESTS = Path(__file__).resolve().parent
@@ -350,7 +350,7 @@ def test_a_pair_divides_the_changed_slice_by_the_unchanged_slices_around_it() ->
 
 def test_slices_alternate_the_arms_between_slices_of_the_unchanged_trainer() -> None:
     from harness.trials import slices
-    from harness.trials.arms import Arm
+    from harness.trials.processes.arms import Arm
     from harness.trials.rounds import Effect
 
     order: list[str] = []
@@ -389,7 +389,7 @@ def test_arms_warm_up_no_more_than_the_usable_cores_at_once_and_are_checked_in_t
     are the same in every process, so later rounds skip them; the arm slowest to be ready (a compile) starts first
     in the next round."""
     from harness.trials import slices
-    from harness.trials.arms import Arm
+    from harness.trials.processes.arms import Arm
     from harness.trials.rounds import Effect
 
     warming: list[str] = []
@@ -432,7 +432,7 @@ def test_arms_warm_up_no_more_than_the_usable_cores_at_once_and_are_checked_in_t
 
 def test_arms_start_one_at_a_time_where_each_would_take_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.measurement import machine_state
-    from harness.trials.arms import starting_width
+    from harness.trials.processes.arms import starting_width
 
     monkeypatch.setattr(machine_state, "usable_cores", lambda: 8)
     assert [starting_width(cap) for cap in (None, 8, 4, 3, 1)] == [1, 1, 2, 2, 8]

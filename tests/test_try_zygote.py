@@ -1,4 +1,4 @@
-"""``rlgauge try``'s arm processes forked from a warm zygote (``harness.trials.zygote``): they answer as fresh
+"""``rlgauge try``'s arm processes forked from a warm zygote (``harness.trials.processes.zygote``): they answer as fresh
 processes do, the same maths to the bit, served slices, exit codes and kills as ``subprocess.Popen`` gives them,
 and plain processes where the zygote cannot start (docs/try.md)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.trials import parity
-from harness.trials.arms import Arm, ArmRunner, Target, stop
+from harness.trials.processes.arms import Arm, ArmRunner, Target, stop
 
 TESTS = Path(__file__).resolve().parent
 YAML = """\
@@ -73,7 +73,7 @@ def test_a_forked_arm_serves_slices_and_ends_with_its_exit_code(tmp_path: Path) 
 
 def test_arms_start_as_plain_processes_where_the_zygote_cannot_start(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.trials import zygote
+    from harness.trials.processes import zygote
 
     def broken(_env: dict[str, str]) -> None:
         raise OSError("the zygote did not start")

@@ -22,7 +22,7 @@ reproducible from its seed (one line says which)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from harness.trials.arms import DEFAULT_TIMEOUT_S
+    from harness.trials.processes.arms import DEFAULT_TIMEOUT_S
     from harness.trials.catalogue import accepted
     from harness.trials.parity import DEFAULT_ITERATIONS
     from harness.trials.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
@@ -104,7 +104,7 @@ def _check_options(args: argparse.Namespace) -> list[str] | None:
 
 def _target(args: argparse.Namespace, spec: object) -> tuple:
     """The arms' trainer (the file or --trainer, the diagnosed variant, the run options) and the factory's file."""
-    from harness.trials.arms import DEFAULT_TIMEOUT_S, Target
+    from harness.trials.processes.arms import DEFAULT_TIMEOUT_S, Target
 
     trainer_text = spec.config.trainer  # type: ignore[attr-defined]
     module = sys.modules.get(trainer_text.partition(":")[0])

@@ -2,7 +2,7 @@
 alternating slices of live processes (``slices``), then the combination of those that were faster and kept the
 maths.
 
-Every arm runs in processes of its own (``arms``); the patched copies, requests and logs live in a temporary
+Every arm runs in processes of its own (``processes``); the patched copies, requests and logs live in a temporary
 folder, removed at the end unless something failed (then kept, its path in ``TryReport.workdir``). A
 KeyboardInterrupt ends the try with what was measured (``TryReport.interrupted``).
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable
 from harness.diagnosis.frames import short
 from harness.measurement.machine_state import fair_threads_cap
 from harness.trials import parity, rounds, slices
-from harness.trials.arms import Arm, ArmRunner, Target
+from harness.trials.processes.arms import Arm, ArmRunner, Target
 from harness.trials.catalogue import A_A, Change
 from harness.trials.patch_file import combined_files, unified_diff
 from harness.trials.patched_copy import arrange_search, edited_files, write_copies

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from harness.trials.arms import Arm, ArmRunner
+from harness.trials.processes.arms import Arm, ArmRunner
 from harness.trials.rounds import INTERIM_CONFIDENCE, MIN_ROUNDS, UNCHANGED, Effect, UnchangedFailed
 
 SLICE_SECONDS = 0.25

@@ -1,4 +1,4 @@
-"""Arm processes forked from a warm one: ``python -m harness.trials.zygote FD`` imports torch (its compiler's
+"""Arm processes forked from a warm one: ``python -m harness.trials.processes.zygote FD`` imports torch (its compiler's
 front end too, which the first optimizer built imports), gymnasium and the child's own modules once, then forks a
 fresh arm process (``child``) for each request, so that a try's dozens of processes do not each pay seconds of
 imports before their trainer is built.
@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 PRELOADED = ("torch", "torch._dynamo", "torch.distributions", "torch.optim", "numpy", "gymnasium",
-             "harness.trials.child", "harness.trials.runtime_patches", "harness.measurement.runner",
+             "harness.trials.processes.child", "harness.trials.runtime_patches", "harness.measurement.runner",
              "harness.specs.own_trainer", "harness.specs.presets")
 """What the zygote imports before it forks: what every arm process imports before its trainer is built."""
 MAX_FDS = 3
@@ -96,7 +96,7 @@ def _fork(argv: list[str], fds: list[int], channel: socket.socket) -> int:
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
         sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-        from harness.trials import child
+        from harness.trials.processes import child
 
         code = child.main(argv)
     except SystemExit as exit_:
@@ -122,7 +122,7 @@ class Zygote:
 
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen([sys.executable, "-m", "harness.trials.zygote", str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "harness.trials.processes.zygote", str(theirs.fileno())],
                                         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         self._socket = ours

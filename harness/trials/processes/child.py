@@ -1,4 +1,4 @@
-"""One arm of a try in a fresh process: ``python -m harness.trials.child REQUEST.json``.
+"""One arm of a try in a fresh process: ``python -m harness.trials.processes.child REQUEST.json``.
 
 The request (written by ``arms``) names the trainer (a YAML file, or ``--trainer`` with ``--config``), the
 variant, the run overrides, the runtime changes and the folder of patched copies. The folder goes first on

@@ -70,7 +70,7 @@ class ArmRunner:
     def _warm(self) -> Any:
         """The zygote, started on first use; None where arms start as plain processes."""
         if self.forked and self._zygote is None:
-            from harness.trials.zygote import Zygote
+            from harness.trials.processes.zygote import Zygote
 
             try:
                 self._zygote = Zygote(_child_env())
@@ -191,7 +191,7 @@ def starting_width(threads_cap: int | None) -> int:
 
 
 def child_command(request: Path) -> list[str]:
-    return [sys.executable, "-m", "harness.trials.child", str(request)]
+    return [sys.executable, "-m", "harness.trials.processes.child", str(request)]
 
 
 def timed_out(seconds: float) -> str:
