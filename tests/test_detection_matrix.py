@@ -170,7 +170,7 @@ def test_an_interrupted_matrix_keeps_its_cells_and_prints_what_is_missing(tmp_pa
     monkeypatch.chdir(repo)
 
     def interrupted(repo_: Path, workdir_: Path, plants: list, chosen: list, runs: int, busy: int,
-                    base: str = "HEAD") -> matrix.State:
+                    base: str = "HEAD", aa_chain: int = 0) -> matrix.State:
         state = matrix.State(workdir_ / "state.json", matrix.check_repository(repo_))
         state.data.update(plants=plants, gates=chosen, runs=runs, busy=busy)
         state.put(chosen[0], plants[0], 1, gates.Verdict(gates.MISSED, "", 1.0))
@@ -178,11 +178,11 @@ def test_an_interrupted_matrix_keeps_its_cells_and_prints_what_is_missing(tmp_pa
 
     workdir.mkdir()
     monkeypatch.setattr(matrix, "measure", interrupted)
-    assert main(["detection-matrix", "--runs", "1", "--plants", "aa,busy_thread", "--gates", "asv-counts",
+    assert main(["detection-matrix", "--runs", "1", "--plants", "aa,kernel", "--gates", "asv-counts",
                  "--workdir", str(workdir)]) == 130
     out = capsys.readouterr().out
     assert "interrupted; the cells measured are kept" in out and "| aa: A/A" in out and "0/1" in out
-    assert "Missing: 1 cells (asv counts|busy_thread|1)" in out
+    assert "Missing: 1 cells (asv counts|kernel|1)" in out
 
 
 def test_a_base_that_is_not_a_commit_is_refused(tmp_path: Path) -> None:
@@ -199,3 +199,70 @@ def test_a_failed_test_is_caught_even_when_xdist_ends_the_run_as_interrupted(mon
     assert verdict.outcome == gates.CAUGHT and "test_sync_free_logging" in verdict.detail
     monkeypatch.setattr(gates, "_run", lambda command, clone, timeout=0: (2, "ERROR collecting\n", 5.0))
     assert gates.property_tests(Path(".")).outcome == gates.FAILED
+
+
+def test_the_acting_plants_reach_the_training_rollout_too(tmp_path: Path) -> None:
+    """host_sync, kernel and float64 wrap the trainers' one acting call: training's rollout pays them as well as
+    ``select_actions()`` (a float64 plant the parity tests' sentinel can see)."""
+    root = _copy_of_the_trainers(tmp_path)
+    PLANTS["float64"].apply(root)
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2]); "
+              "from reference_trainers import build_trainer; from reference_trainers.config.schema import build_config; "
+              "from reference_trainers.config.resolve import resolve_config; "
+              "from harness.measurement.sentinels import Float64Sentinel; "
+              "t = build_trainer(resolve_config(build_config({}, ['env.num_envs=2', 'ppo.num_steps=8', 'device=cpu']))); "
+              "s = Float64Sentinel(); s.__enter__(); t.iterate(); s.__exit__(None, None, None); print(s.count)")
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT), str(root)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 0
+
+
+def test_blind_cells_are_named_not_measured_and_ci_reads_the_other_gates(tmp_path: Path) -> None:
+    state = matrix.State(tmp_path / "state.json", "f" * 40)
+    state.data.update(plants=["busy_thread"], gates=[gates.ASV_RELATIVE, gates.ASV_COUNT], runs=1, busy=0)
+    state.put(gates.ASV_RELATIVE, "busy_thread", 1, gates.Verdict(gates.CAUGHT, "", 1.0))
+    text = matrix.table(state)
+    row = next(line for line in text.splitlines() if line.startswith("| busy_thread"))
+    assert [c.strip() for c in row.split("|")[2:-1]] == ["1/1", "blind (by design)", "1/1"]
+    assert "asv counts on busy_thread: the counts are of the training thread's own work" in text
+    assert "Missing" not in text
+    assert not matrix._unmeasured(state, gates.ASV_COUNT, "busy_thread", 1)
+
+
+def test_each_load_keeps_its_own_cells_and_both_tables_are_printed(tmp_path: Path) -> None:
+    base = "f" * 40
+    for busy, outcome in ((0, gates.CAUGHT), (2, gates.MISSED)):
+        state = matrix.State(matrix.state_path(tmp_path, busy), base)
+        state.data.update(plants=["aa"], gates=[gates.ASV_COUNT], runs=1, busy=busy)
+        state.put(gates.ASV_COUNT, "aa", 1, gates.Verdict(outcome, "", 1.0))
+    assert matrix.state_path(tmp_path, 2).name == "state-busy2.json"
+    text = matrix.tables(tmp_path, base)
+    quiet, busy = text.split("Detection matrix:")[1:]
+    assert "no busy loops added" in quiet and "| aa: A/A" in quiet and "1/1" in quiet
+    assert "with 2 busy loops beside" in busy and "0/1" in busy
+
+
+def test_the_aa_chain_compares_each_empty_commit_with_its_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _repo(tmp_path)
+    base = matrix.check_repository(repo)
+    commits = matrix.chain_commits(repo, base, 3)
+    assert commits == matrix.chain_commits(repo, base, 3)  # the same commits in every run
+    parents = [subprocess.run(["git", "rev-parse", f"{c}~1"], cwd=repo, capture_output=True, text=True).stdout.strip()
+               for c in commits]
+    assert parents == [base, *commits[:2]]
+    compared = []
+    monkeypatch.setattr(gates, "asv_run", lambda clone, config, hashes: (0, "", 9.0))
+
+    def verdicts(clone: Path, config: Path, before: str, after: str, seconds: float) -> dict:
+        compared.append((before, after))
+        alarm = gates.CAUGHT if after == commits[1] else gates.MISSED
+        return {gates.ASV_RELATIVE: gates.Verdict(alarm, "", seconds), gates.ASV_COUNT: gates.Verdict(gates.MISSED, "", seconds)}
+
+    monkeypatch.setattr(gates, "asv_verdicts", verdicts)
+    (repo / "asv.conf.json").write_text("{}", encoding="utf-8")
+    state = matrix.State(tmp_path / "state.json", base)
+    state.data.update(plants=[], gates=[gates.ASV_RELATIVE, gates.ASV_COUNT], runs=1, busy=0, aa_chain=3)
+    matrix._measure_aa_chain(repo, tmp_path, state, base, 3, [gates.ASV_RELATIVE, gates.ASV_COUNT])
+    assert compared == list(zip(parents, commits))
+    assert "false alarms: asv relative costs 1/3, asv counts 0/3." in matrix.table(state)

@@ -28,6 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--gates", metavar="a,b,...", help=f"only these gates (accepted: {', '.join(GATE_NAMES)})")
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="N busy-loop processes beside the measurements (a loaded machine; default: 0)")
+    parser.add_argument("--aa-chain", type=int, default=0, metavar="N",
+                        help="also N empty commits in a row, each compared with its parent by the asv gates as "
+                             "make asv-continuous compares two commits (their false alarms in N comparisons; "
+                             "default: 0)")
     parser.add_argument("--workdir", type=Path, metavar="DIR",
                         help="the scratch clone, asv's environments and the saved cells (default: a folder "
                              "under the system's temporary folder named after this repository)")
@@ -54,8 +58,9 @@ def cmd_detection_matrix(args: argparse.Namespace) -> int:
     from harness.detection import matrix
     from harness.detection.plants import PLANTS
 
-    if args.runs < 1 or args.busy < 0:
-        raise UserError(f"--runs {args.runs} / --busy {args.busy}: give at least one run and no negative count")
+    if args.runs < 1 or args.busy < 0 or args.aa_chain < 0:
+        raise UserError(f"--runs {args.runs} / --busy {args.busy} / --aa-chain {args.aa_chain}: give at least one "
+                        "run and no negative count")
     plants = _chosen(args.plants, list(PLANTS), "plants")
     chosen = [GATE_NAMES[name] for name in _chosen(args.gates, GATE_NAMES, "gates")]
     repo = Path.cwd()
@@ -63,17 +68,17 @@ def cmd_detection_matrix(args: argparse.Namespace) -> int:
     code = EXIT_OK
     if args.table_only:
         base = matrix.check_repository(repo, args.base)
-        if not (workdir / "state.json").exists():
+        if not any(workdir.glob("state*.json")):
             raise UserError(f"{workdir / 'state.json'}: no saved cells; run the matrix first")
-        state = matrix.State(workdir / "state.json", base)
     else:
         try:
-            state = matrix.measure(repo, workdir, plants, chosen, args.runs, args.busy, args.base)
+            base = matrix.measure(repo, workdir, plants, chosen, args.runs, args.busy, args.base,
+                                  args.aa_chain).data["base"]
         except KeyboardInterrupt:
             print("rlgauge: interrupted; the cells measured are kept (rerun to measure the rest)")
-            state = matrix.State(workdir / "state.json", matrix.check_repository(repo, args.base))
+            base = matrix.check_repository(repo, args.base)
             code = EXIT_INTERRUPTED
-    text = matrix.table(state)
+    text = matrix.tables(workdir, base)
     print(text, end="")
     if args.out:
         args.out.write_text(text, encoding="utf-8")

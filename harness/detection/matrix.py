@@ -1,8 +1,10 @@
 """``rlgauge detection-matrix``: plant each kind of regression into a throwaway commit of a scratch clone, run
 every gate on it against the base, ``--runs`` times, and tabulate caught k of n (A/A: false alarms k of n).
 
-Resumable: every cell is saved as it is measured (``WORKDIR/state.json``, keyed by the base commit), a rerun
-measures only the missing ones, and an interrupted matrix is tabulated with the missing cells named.
+Resumable: every cell is saved as it is measured (``WORKDIR/state.json``, keyed by the base commit; a run beside
+``--busy N`` loops in ``state-busyN.json``), a rerun measures only the missing ones, and an interrupted matrix is
+tabulated with the missing cells named. ``--aa-chain N`` adds N empty commits in a row, each compared with its
+parent as ``make asv-continuous`` compares two commits: the asv gates' false alarms in N comparisons.
 """
 
 from __future__ import annotations
@@ -73,6 +75,33 @@ def plant_commits(clone: Path, base: str, names: Sequence[str]) -> dict[str, str
     return commits
 
 
+AA_CHAIN = "aa_chain"
+"""The state's key of the A/A chain's cells (``gate|aa_chain|k``: the k-th empty commit against its parent)."""
+
+
+def state_path(workdir: Path, busy: int) -> Path:
+    """Each load has its own cells: a quiet run and a run beside busy loops are different experiments."""
+    return workdir / ("state.json" if busy == 0 else f"state-busy{busy}.json")
+
+
+def _tag(busy: int, run: int | str) -> str:
+    return str(run) if busy == 0 else f"busy{busy}-{run}"
+
+
+def chain_commits(clone: Path, base: str, count: int) -> list[str]:
+    """``count`` empty commits in a row on top of ``base``, dated as the base (the same commits in every run)."""
+    date = _git(clone, "log", "-1", "--format=%cI", base)
+    dated = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    _git(clone, "checkout", "-q", "-B", "aa-chain", base)
+    commits = []
+    for k in range(1, count + 1):
+        _git(clone, "-c", "user.name=rlgauge", "-c", "user.email=rlgauge@localhost", "commit", "-q",
+             "--allow-empty", "-m", f"A/A chain: empty commit {k} of {count}", env=dated)
+        commits.append(_git(clone, "rev-parse", "HEAD"))
+    _git(clone, "checkout", "-q", base)
+    return commits
+
+
 class State:
     """The measured cells, saved after each one (atomically)."""
 
@@ -115,7 +144,7 @@ def busy_loops(count: int) -> Iterator[None]:
             loop.wait()
 
 
-def _asv_config(clone: Path, workdir: Path, run: int) -> Path:
+def _asv_config(clone: Path, workdir: Path, run: int | str) -> Path:
     """The clone's asv configuration with this run's own results folder (the environments are shared)."""
     text = (clone / "asv.conf.json").read_text(encoding="utf-8")
     lines = [line for line in text.splitlines() if not line.strip().startswith("//")]
@@ -135,15 +164,16 @@ def _log(message: str) -> None:
 
 
 def measure(repo: Path, workdir: Path, plants: Sequence[str], chosen: Sequence[str], runs: int,
-            busy: int, base_ref: str = "HEAD") -> State:
-    """Every missing (gate, plant, run) cell; returns the state with what was measured."""
+            busy: int, base_ref: str = "HEAD", aa_chain: int = 0) -> State:
+    """Every missing (gate, plant, run) cell, then the A/A chain's; returns the state with what was measured."""
     base = check_repository(repo, base_ref)
     workdir.mkdir(parents=True, exist_ok=True)
-    state = State(workdir / "state.json", base)
+    state = State(state_path(workdir, busy), base)
     known_plants, known_gates = state.data.get("plants", []), state.data.get("gates", [])
     state.data.update(plants=[p for p in PLANTS if p in plants or p in known_plants],
                       gates=[g for g in gates.GATES if g in chosen or g in known_gates],
-                      runs=max(runs, state.data.get("runs", 0)), busy=busy)
+                      runs=max(runs, state.data.get("runs", 0)), busy=busy,
+                      aa_chain=max(aa_chain, state.data.get("aa_chain", 0)))
     clone = workdir / "clone"
     if not (clone / ".git").exists():
         _git(workdir, "clone", "-q", "--no-hardlinks", str(repo), str(clone))
@@ -154,30 +184,36 @@ def measure(repo: Path, workdir: Path, plants: Sequence[str], chosen: Sequence[s
     try:
         with busy_loops(busy):
             for run in range(1, runs + 1):
-                _measure_run(clone, workdir, state, base, commits, chosen, run)
+                _measure_run(clone, workdir, state, base, commits, chosen, run, busy)
+            if aa_chain:
+                _measure_aa_chain(clone, workdir, state, base, aa_chain, chosen, busy)
     finally:
         state.data["seconds"] = state.data.get("seconds", 0.0) + time.monotonic() - started
         state.save()
     return state
 
 
+def _unmeasured(state: State, gate: str, plant: str, run: int) -> bool:
+    return not state.has(gate, plant, run) and gates.blind(gate, plant) is None
+
+
 def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: dict[str, str],
-                 chosen: Sequence[str], run: int) -> None:
+                 chosen: Sequence[str], run: int, busy: int = 0) -> None:
     asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
-    missing_asv = [p for p in commits if any(not state.has(g, p, run) for g in asv_gates)]
+    missing_asv = [p for p in commits if any(_unmeasured(state, g, p, run) for g in asv_gates)]
     if missing_asv:
-        config = _asv_config(clone, workdir, run)
+        config = _asv_config(clone, workdir, _tag(busy, run))
         _log(f"run {run}: asv over the base and {len(missing_asv)} plant commits")
         code, out, seconds = gates.asv_run(clone, config, [base, *(commits[p] for p in missing_asv)])
         for plant in missing_asv:
             for gate, verdict in gates.asv_verdicts(clone, config, base, commits[plant], seconds).items():
-                if gate in asv_gates:
+                if gate in asv_gates and gates.blind(gate, plant) is None:
                     state.put(gate, plant, run, verdict if code == 0 or verdict.outcome != gates.FAILED else
                               gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds))
-    baseline = workdir / f"plugin-baseline-{run}.json"
+    baseline = workdir / f"plugin-baseline-{_tag(busy, run)}.json"
     for plant, commit in commits.items():
         for gate in chosen:
-            if gate in asv_gates or state.has(gate, plant, run):
+            if gate in asv_gates or not _unmeasured(state, gate, plant, run):
                 continue
             _git(clone, "checkout", "-q", commit)
             _log(f"run {run}: {gate} on {plant}")
@@ -200,7 +236,29 @@ def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: d
     _git(clone, "checkout", "-q", base)
 
 
+def _measure_aa_chain(clone: Path, workdir: Path, state: State, base: str, count: int, chosen: Sequence[str],
+                      busy: int = 0) -> None:
+    """One asv run over the base and ``count`` empty commits in a row; each commit against its parent at the
+    Makefile's factors (what ``make asv-continuous`` does for one pair), read as a false alarm or not."""
+    asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+    missing = [k for k in range(1, count + 1) if any(not state.has(g, AA_CHAIN, k) for g in asv_gates)]
+    if not missing:
+        return
+    commits = chain_commits(clone, base, count)
+    parents = [base, *commits[:-1]]
+    config = _asv_config(clone, workdir, _tag(busy, "aa-chain"))
+    _log(f"A/A chain: asv over the base and {count} empty commits in a row, each against its parent")
+    code, out, seconds = gates.asv_run(clone, config, [base, *commits])
+    for k in missing:
+        for gate, verdict in gates.asv_verdicts(clone, config, parents[k - 1], commits[k - 1], seconds).items():
+            if gate in asv_gates:
+                state.put(gate, AA_CHAIN, k, verdict if code == 0 or verdict.outcome != gates.FAILED else
+                          gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds))
+
+
 def _cell(state: State, gate: str, plant: str, runs: int) -> str:
+    if gates.blind(gate, plant) is not None:
+        return "blind (by design)"
     outcomes = [state.cells.get(f"{gate}|{plant}|{run}", {}).get("outcome") for run in range(1, runs + 1)]
     done = [o for o in outcomes if o is not None]
     if not done:
@@ -217,7 +275,7 @@ def _cell(state: State, gate: str, plant: str, runs: int) -> str:
 def _ci_cell(state: State, plant: str, runs: int, chosen: Sequence[str]) -> str:
     """Caught by CI in a run: any gate CI runs flagged it (a gate without verdict passes in CI). A run counts once a
     CI gate caught it, or once every CI gate was measured in it."""
-    in_ci = [g for g in gates.IN_CI if g in chosen]
+    in_ci = [g for g in gates.IN_CI if g in chosen and gates.blind(g, plant) is None]
     caught, done = 0, 0
     for run in range(1, runs + 1):
         outcomes = [state.cells.get(f"{g}|{plant}|{run}", {}).get("outcome") for g in in_ci]
@@ -258,8 +316,25 @@ def table(state: State) -> str:
         row += [_cell(state, gate, plant, runs) for gate in chosen]
         row.append(_ci_cell(state, plant, runs, chosen))
         lines.append("| " + " | ".join(row) + " |")
+    blind = [(g, p, gates.blind(g, p)) for g in chosen for p in plants if gates.blind(g, p) is not None]
+    if blind:
+        lines += ["", "Blind by design (not measured; another gate CI runs covers the row): " + "; ".join(
+            f"{gate} on {', '.join(p for g, p, _ in blind if g == gate and gates.blind(g, p) == why)}: {why}"
+            for gate, why in dict.fromkeys((g, why) for g, _, why in blind)) + "."]
+    chain = data.get("aa_chain", 0)
+    if chain:
+        asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+        counts = []
+        for gate in asv_gates:
+            done = [state.cells[f"{gate}|{AA_CHAIN}|{k}"]["outcome"] for k in range(1, chain + 1)
+                    if f"{gate}|{AA_CHAIN}|{k}" in state.cells]
+            counts.append(f"{gate} {sum(o == gates.CAUGHT for o in done)}/{len(done)}"
+                          + (f" ({chain - len(done)} missing)" if len(done) < chain else ""))
+        lines += ["", f"A/A chain: {chain} empty commits in a row, each measured against its parent as "
+                      f"`make asv-continuous` compares two commits (one asv run over them all); false alarms: "
+                      f"{', '.join(counts)}."]
     missing = [key for key in (f"{g}|{p}|{r}" for g in chosen for p in plants for r in range(1, runs + 1))
-               if key not in state.cells]
+               if key not in state.cells and gates.blind(*key.split("|")[:2]) is None]
     if missing:
         lines += ["", f"Missing: {len(missing)} cells ({', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''})."]
     return "\n".join(lines) + "\n"
@@ -273,6 +348,13 @@ def write_doc(doc: Path, text: str) -> None:
     head, rest = content.split(DOC_START)
     _, tail = rest.split(DOC_END)
     doc.write_text(f"{head}{DOC_START}\n{text}{DOC_END}{tail}", encoding="utf-8")
+
+
+def tables(workdir: Path, base: str) -> str:
+    """The table of every load measured in ``workdir`` for ``base``: quiet first, then each ``--busy N``."""
+    paths = sorted(workdir.glob("state*.json"), key=lambda p: (p.name != "state.json", p.name))
+    states = [State(p, base) for p in paths]
+    return "\n".join(table(s) for s in states if s.cells) or table(State(state_path(workdir, 0), base))
 
 
 def default_workdir(repo: Path) -> Path:

@@ -3,8 +3,8 @@
 Each plant is code added to the project's own files at an anchor that must be found there: a plant whose
 anchor moved fails with one line naming it (``PlantDoesNotApply``), never a silent "caught" or "missed".
 The slowdowns are sized to cost the reference trainers about 30 % (the same-thread ones 10/20/30 % of each
-call's own CPU time); the count plants add one unit of work per action selection, which the acting loop
-makes once per vector step.
+call's own CPU time); the count plants add one unit of work per action selection (``act``), which training
+makes once per vector step and ``select_actions()`` once per call.
 """
 
 from __future__ import annotations
@@ -148,6 +148,10 @@ import torch as _torch
 _torch.autograd.set_detect_anomaly(True)
 '''
 
+ACTING = ("act",)
+"""The trainers' one acting call (``self.act``): the training rollout and ``select_actions()`` both go through it, so
+a plant there costs every env step of training and every selection the acting benchmarks time."""
+
 _SYNC = '''
 def _extra(args, spent):
     _planted_tensor.sum().item()
@@ -179,13 +183,12 @@ PLANTS: dict[str, Plant] = {p.name: p for p in (
           _append_to_init(_THREAD_COUNT)),
     Plant("global_setting", "a global torch setting that slows every backward (anomaly detection on)",
           _append_to_init(_GLOBAL_SETTING)),
-    Plant("host_sync", "one more host sync per step (.item() in select_actions)",
-          _wrapping("host_sync", "select_actions() makes one more .item()", _SYNC, ("select_actions",))),
-    Plant("kernel", "one more kernel per step (in select_actions)",
-          _wrapping("kernel", "select_actions() launches one more kernel", _KERNEL, ("select_actions",))),
-    Plant("float64", "float64 brought into a trainer (the observations as float64 in select_actions)",
-          _wrapping("float64", "select_actions() computes on the observations in float64", _FLOAT64,
-                    ("select_actions",))),
+    Plant("host_sync", "one more host sync per step (.item() in every action selection)",
+          _wrapping("host_sync", "action selection makes one more .item()", _SYNC, ACTING)),
+    Plant("kernel", "one more kernel per step (in every action selection)",
+          _wrapping("kernel", "action selection launches one more kernel", _KERNEL, ACTING)),
+    Plant("float64", "float64 brought into a trainer (the observations as float64 in every action selection)",
+          _wrapping("float64", "action selection computes on the observations in float64", _FLOAT64, ACTING)),
     Plant("flag_noop", "a flag turned into a silent no-op (sync_free_logging ignored)",
           _replace("reference_trainers/paths/learner.py", "self.stats = make_stats(o.sync_free_logging, device)",
                    "self.stats = make_stats(False, device)  # planted regression (flag_noop)")),
