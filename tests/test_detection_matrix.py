@@ -141,8 +141,8 @@ def test_the_table_counts_caught_k_of_n_and_names_what_is_missing(tmp_path: Path
     text = matrix.table(matrix.State(tmp_path / "state.json", "f" * 40))  # read back from the saved file
     rows = {line.split("|")[1].strip().split(":")[0]: [c.strip() for c in line.split("|")[2:-1]]
             for line in text.splitlines() if line.startswith("| aa") or line.startswith("| host_sync")}
-    assert rows["host_sync"] == ["2/2", "missing", "2/2"]
-    assert rows["aa"] == ["0/1 (1 missing)", "0/1 (1 no verdict, 1 missing)", "0/1"]
+    assert rows["host_sync"] == ["not measured", "2/2", "missing", "2/2"]
+    assert rows["aa"] == ["not measured", "0/1 (1 missing)", "0/1 (1 no verdict, 1 missing)", "0/1"]
     assert "Missing: 4 cells" in text and state.has(gates.ASV_COUNT, "aa", 1)
 
 
@@ -224,7 +224,7 @@ def test_blind_cells_are_named_not_measured_and_ci_reads_the_other_gates(tmp_pat
     state.put(gates.ASV_RELATIVE, "busy_thread", 1, gates.Verdict(gates.CAUGHT, "", 1.0))
     text = matrix.table(state)
     row = next(line for line in text.splitlines() if line.startswith("| busy_thread"))
-    assert [c.strip() for c in row.split("|")[2:-1]] == ["1/1", "blind (by design)", "1/1"]
+    assert [c.strip() for c in row.split("|")[3:-1]] == ["1/1", "blind (by design)", "1/1"]
     assert "asv counts on busy_thread: the counts are of the training thread's own work" in text
     assert "Missing" not in text
     assert not matrix._unmeasured(state, gates.ASV_COUNT, "busy_thread", 1)
@@ -266,3 +266,16 @@ def test_the_aa_chain_compares_each_empty_commit_with_its_parent(tmp_path: Path,
     matrix._measure_aa_chain(repo, tmp_path, state, base, 3, [gates.ASV_RELATIVE, gates.ASV_COUNT])
     assert compared == list(zip(parents, commits))
     assert "false alarms: asv relative costs 1/3, asv counts 0/3." in matrix.table(state)
+
+
+def test_a_plants_cost_is_the_median_of_its_relative_costs_over_runs(tmp_path: Path) -> None:
+    rows = gates._compare_rows(ASV_COMPARE.replace("bench_counts.CostCounts.track_acting_host_syncs_per_selection",
+                                                   "bench_relative.RelativeCost.track_acting_cost"))
+    assert gates.median_costs(rows) == {"training": 1.0, "acting": 1.75}
+    state = matrix.State(tmp_path / "state.json", "f" * 40)
+    state.data.update(plants=["busy_thread"], gates=[gates.ASV_RELATIVE], runs=3, busy=0)
+    for run, cost in ((1, {"training": 1.3, "acting": 1.5}), (2, {"training": 1.2, "acting": 1.4}),
+                      (3, {"training": 1.4, "acting": 1.6})):
+        state.put(gates.ASV_RELATIVE, "busy_thread", run, gates.Verdict(gates.CAUGHT, "", 1.0, cost))
+    assert matrix._cost(state, "busy_thread", 3) == "1.30x (1.20-1.40), 1.50x (1.40-1.60)"
+    assert "| 1.30x (1.20-1.40), 1.50x (1.40-1.60) | 3/3 |" in matrix.table(state)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -62,9 +63,32 @@ class Verdict:
     outcome: str
     detail: str
     seconds: float
+    cost: dict[str, float] | None = None
+    """The asv relative costs' head / base ratios: median of the training and of the acting costs (what a plant
+    measurably cost the trainers)."""
 
     def to_dict(self) -> dict[str, object]:
-        return {"outcome": self.outcome, "detail": self.detail, "seconds": round(self.seconds, 1)}
+        out: dict[str, object] = {"outcome": self.outcome, "detail": self.detail, "seconds": round(self.seconds, 1)}
+        if self.cost is not None:
+            out["cost"] = self.cost
+        return out
+
+
+def _ratio(text: str) -> float | None:
+    try:
+        return float(text.strip("~ "))
+    except ValueError:
+        return None
+
+
+def median_costs(rows: Sequence[tuple[str, str, str]]) -> dict[str, float] | None:
+    """The median head / base ratio of the relative training costs and of the relative acting costs."""
+    out = {}
+    for name, pattern in (("training", "track_training_cost"), ("acting", "track_acting_cost")):
+        ratios = sorted(r for _, text, bench in rows if pattern in bench and (r := _ratio(text)) is not None)
+        if ratios:
+            out[name] = round(statistics.median(ratios), 3)
+    return out or None
 
 
 def _env() -> dict[str, str]:
@@ -190,5 +214,6 @@ def asv_verdicts(clone: Path, config: Path, base: str, commit: str, seconds: flo
             verdicts[gate] = Verdict(FAILED, "asv compare listed none of the gated benchmarks", seconds)
         else:
             verdicts[gate] = Verdict(CAUGHT if worse else MISSED, "; ".join(worse[:4]) + (
-                f" (+{len(worse) - 4} more)" if len(worse) > 4 else ""), seconds)
+                f" (+{len(worse) - 4} more)" if len(worse) > 4 else ""), seconds,
+                median_costs(_compare_rows(out)) if gate == ASV_RELATIVE else None)
     return verdicts

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,8 @@ def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: d
                 if gate in asv_gates and gates.blind(gate, plant) is None:
                     state.put(gate, plant, run, verdict if code == 0 or verdict.outcome != gates.FAILED else
                               gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds))
+    if gates.ASV_RELATIVE in asv_gates:
+        _fill_costs(clone, workdir, state, base, commits, run, busy)
     baseline = workdir / f"plugin-baseline-{_tag(busy, run)}.json"
     for plant, commit in commits.items():
         for gate in chosen:
@@ -234,6 +237,36 @@ def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: d
                 verdict = gates.plugin(clone, baseline, workdir)
             state.put(gate, plant, run, verdict)
     _git(clone, "checkout", "-q", base)
+
+
+def _fill_costs(clone: Path, workdir: Path, state: State, base: str, commits: dict[str, str], run: int,
+                busy: int) -> None:
+    """Relative-cost cells saved without the plant's measured cost get it from this run's stored asv results (read
+    again, not measured again)."""
+    results = workdir / f"asv-results-{_tag(busy, run)}"
+    for plant, commit in commits.items():
+        cell = state.cells.get(f"{gates.ASV_RELATIVE}|{plant}|{run}")
+        if cell is None or "cost" in cell or not any(results.glob(f"*/{commit[:8]}-*.json")):
+            continue
+        verdict = gates.asv_verdicts(clone, _asv_config(clone, workdir, _tag(busy, run)), base, commit, 0.0)
+        if verdict[gates.ASV_RELATIVE].cost is not None:
+            cell["cost"] = verdict[gates.ASV_RELATIVE].cost
+            state.save()
+
+
+def _cost(state: State, plant: str, runs: int) -> str:
+    """The plant's measured cost: the median over runs of each run's median head / base relative cost."""
+    costs = [state.cells.get(f"{gates.ASV_RELATIVE}|{plant}|{run}", {}).get("cost") for run in range(1, runs + 1)]
+    costs = [c for c in costs if c]
+    if not costs:
+        return "not measured"
+    parts = []
+    for name in ("training", "acting"):
+        values = sorted(c[name] for c in costs if name in c)
+        if values:
+            parts.append(f"{statistics.median(values):.2f}x" + (f" ({values[0]:.2f}-{values[-1]:.2f})"
+                                                                 if len(values) > 1 else ""))
+    return ", ".join(parts)
 
 
 def _measure_aa_chain(clone: Path, workdir: Path, state: State, base: str, count: int, chosen: Sequence[str],
@@ -305,14 +338,16 @@ def table(state: State) -> str:
     data = state.data
     runs, chosen = data.get("runs", 1), data.get("gates", list(gates.GATES))
     plants = data.get("plants", list(PLANTS))
-    head = ["plant", *chosen, "CI (any gate it runs)"]
+    head = ["plant", "cost: training, acting", *chosen, "CI (any gate it runs)"]
     lines = [f"Detection matrix: base commit {data['base'][:10]}, {machine_line()}; {runs} run(s) per cell"
              f"{', with ' + str(data.get('busy')) + ' busy loops beside' if data.get('busy') else ', no busy loops added'}; "
              f"started {data.get('started')}, {data.get('seconds', 0) / 60:.0f} min measured. A cell: runs that "
-             "caught the plant / runs measured (the A/A row: false alarms).", "",
+             "caught the plant / runs measured (the A/A row: false alarms). The cost: head / base of the asv relative "
+             "costs, the median of the 8 training and of the 8 acting costs, median over runs (range).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for plant in plants:
         row = [f"{plant}: {PLANTS[plant].kind}" if plant in PLANTS else plant]
+        row.append(_cost(state, plant, runs))
         row += [_cell(state, gate, plant, runs) for gate in chosen]
         row.append(_ci_cell(state, plant, runs, chosen))
         lines.append("| " + " | ".join(row) + " |")
