@@ -141,8 +141,8 @@ def test_the_table_counts_caught_k_of_n_and_names_what_is_missing(tmp_path: Path
     text = matrix.table(matrix.State(tmp_path / "state.json", "f" * 40))  # read back from the saved file
     rows = {line.split("|")[1].strip().split(":")[0]: [c.strip() for c in line.split("|")[2:-1]]
             for line in text.splitlines() if line.startswith("| aa") or line.startswith("| host_sync")}
-    assert rows["host_sync"] == ["not measured", "2/2", "missing", "2/2"]
-    assert rows["aa"] == ["not measured", "0/1 (1 missing)", "0/1 (1 no verdict, 1 missing)", "0/1"]
+    assert rows["host_sync"] == ["not measured", "2/2", "missing", "2/2", "2/2"]
+    assert rows["aa"] == ["not measured", "0/1 (1 missing)", "0/1 (1 no verdict, 1 missing)", "0/1", "0/1"]
     assert "Missing: 4 cells" in text and state.has(gates.ASV_COUNT, "aa", 1)
 
 
@@ -224,7 +224,7 @@ def test_blind_cells_are_named_not_measured_and_ci_reads_the_other_gates(tmp_pat
     state.put(gates.ASV_RELATIVE, "busy_thread", 1, gates.Verdict(gates.CAUGHT, "", 1.0))
     text = matrix.table(state)
     row = next(line for line in text.splitlines() if line.startswith("| busy_thread"))
-    assert [c.strip() for c in row.split("|")[3:-1]] == ["1/1", "blind (by design)", "1/1"]
+    assert [c.strip() for c in row.split("|")[3:-1]] == ["1/1", "blind (by design)", "1/1", "1/1"]
     assert "asv counts on busy_thread: the counts are of the training thread's own work" in text
     assert "Missing" not in text
     assert not matrix._unmeasured(state, gates.ASV_COUNT, "busy_thread", 1)
@@ -278,4 +278,4 @@ def test_a_plants_cost_is_the_median_of_its_relative_costs_over_runs(tmp_path: P
                       (3, {"training": 1.4, "acting": 1.6})):
         state.put(gates.ASV_RELATIVE, "busy_thread", run, gates.Verdict(gates.CAUGHT, "", 1.0, cost))
     assert matrix._cost(state, "busy_thread", 3) == "1.30x (1.20-1.40), 1.50x (1.40-1.60)"
-    assert "| 1.30x (1.20-1.40), 1.50x (1.40-1.60) | 3/3 |" in matrix.table(state)
+    assert "| 1.30x (1.20-1.40), 1.50x (1.40-1.60) | 3/3 | 3/3 |" in matrix.table(state)

@@ -305,10 +305,11 @@ def _cell(state: State, gate: str, plant: str, runs: int) -> str:
     return text + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _ci_cell(state: State, plant: str, runs: int, chosen: Sequence[str]) -> str:
-    """Caught by CI in a run: any gate CI runs flagged it (a gate without verdict passes in CI). A run counts once a
-    CI gate caught it, or once every CI gate was measured in it."""
-    in_ci = [g for g in gates.IN_CI if g in chosen and gates.blind(g, plant) is None]
+def _ci_cell(state: State, plant: str, runs: int, chosen: Sequence[str],
+             among: Sequence[str] = gates.IN_CI) -> str:
+    """Caught in a run by any of the gates ``among`` (by default every gate CI runs; a gate without verdict passes
+    in CI). A run counts once one of them caught it, or once every one of them was measured in it."""
+    in_ci = [g for g in among if g in chosen and gates.blind(g, plant) is None]
     caught, done = 0, 0
     for run in range(1, runs + 1):
         outcomes = [state.cells.get(f"{g}|{plant}|{run}", {}).get("outcome") for g in in_ci]
@@ -338,7 +339,9 @@ def table(state: State) -> str:
     data = state.data
     runs, chosen = data.get("runs", 1), data.get("gates", list(gates.GATES))
     plants = data.get("plants", list(PLANTS))
-    head = ["plant", "cost: training, acting", *chosen, "CI (any gate it runs)"]
+    merge = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+    head = ["plant", "cost: training, acting", *chosen,
+            *(["merge gate (make asv-continuous)"] if merge else []), "CI (any gate it runs)"]
     lines = [f"Detection matrix: base commit {data['base'][:10]}, {machine_line()}; {runs} run(s) per cell"
              f"{', with ' + str(data.get('busy')) + ' busy loops beside' if data.get('busy') else ', no busy loops added'}; "
              f"started {data.get('started')}, {data.get('seconds', 0) / 60:.0f} min measured. A cell: runs that "
@@ -349,6 +352,8 @@ def table(state: State) -> str:
         row = [f"{plant}: {PLANTS[plant].kind}" if plant in PLANTS else plant]
         row.append(_cost(state, plant, runs))
         row += [_cell(state, gate, plant, runs) for gate in chosen]
+        if merge:
+            row.append(_ci_cell(state, plant, runs, chosen, merge))
         row.append(_ci_cell(state, plant, runs, chosen))
         lines.append("| " + " | ".join(row) + " |")
     blind = [(g, p, gates.blind(g, p)) for g in chosen for p in plants if gates.blind(g, p) is not None]
