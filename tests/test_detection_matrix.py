@@ -119,6 +119,22 @@ ASV_COMPARE = """
 | -        | 10                  | 5                  |    0.5  | bench_counts.CostCounts.track_aten_ops_per_env_step('dqn-cartpole', 'optimized', 'cpu') |
 """
 
+ASV_COMPARE_FAILED = """
+| Change   | Before [aaaa0000]   | After [bbbb1111]   |   Ratio | Benchmark (Parameter)                                                              |
+|----------|---------------------|--------------------|---------|------------------------------------------------------------------------------------|
+| !        | 2.61                | failed             |     n/a | bench_relative.RelativeCost.track_training_cost('iqn-cartpole', 'baseline', 'cpu') |
+|          | 1.00                | 1.00               |    1    | bench_relative.RelativeCost.track_acting_cost('iqn-cartpole', 'baseline', 'cpu') |
+"""
+
+
+def test_a_benchmark_the_head_broke_is_caught_as_asv_continuous_fails_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gates, "_run", lambda command, clone, timeout=0: (0, ASV_COMPARE_FAILED, 1.0))
+    verdicts = gates.asv_verdicts(Path("."), Path("asv.json"), "a" * 40, "b" * 40, 5.0)
+    assert verdicts[gates.ASV_RELATIVE].outcome == gates.CAUGHT
+    assert "track_training_cost('iqn-cartpole', 'baseline', 'cpu') failed on the head commit" in \
+        verdicts[gates.ASV_RELATIVE].detail
+    assert verdicts[gates.ASV_COUNT].outcome == gates.FAILED  # no count among the rows
+
 
 def test_asv_compare_rows_are_read_with_their_mark_ratio_and_name() -> None:
     rows = gates._compare_rows(ASV_COMPARE)

@@ -210,6 +210,8 @@ def asv_verdicts(clone: Path, config: Path, base: str, commit: str, seconds: flo
             measured += 1
             if mark == "+":
                 worse.append(f"{benchmark.split('.', 1)[-1]} {ratio}")
+            elif mark == "!":  # asv continuous fails on a benchmark the head broke (e.g. timed out): CI stops it
+                worse.append(f"{benchmark.split('.', 1)[-1]} failed on the head commit")
         if measured == 0:
             verdicts[gate] = Verdict(FAILED, "asv compare listed none of the gated benchmarks", seconds)
         else:
