@@ -111,6 +111,9 @@ def test_every_figure_diagnose_quotes_from_the_shipped_file_is_trustworthy_and_c
             for quoted in effects_for(flag, device, DEFAULT_PATH):
                 assert quoted["trustworthy"] is True and quoted["dirty"] is False, quoted
     assert all(e.trustworthy and not e.dirty for e in quotable(entries))
+    # and the file is not empty of figures: each shipped CPU preset has a quotable figure for batched inference
+    for preset in ("ppo-cartpole", "dqn-cartpole"):
+        assert [e for e in quotable(entries) if (e.preset, e.device, e.flag) == (preset, "cpu", "batch_inference")]
 
 
 def test_no_figure_is_a_plain_statement(tmp_path: Path) -> None:
