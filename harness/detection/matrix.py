@@ -198,9 +198,21 @@ def _unmeasured(state: State, gate: str, plant: str, run: int) -> bool:
     return not state.has(gate, plant, run) and gates.blind(gate, plant) is None
 
 
+def _asv_gates(chosen: Sequence[str]) -> list[str]:
+    """The chosen gates that one asv run serves (``make asv-continuous``'s two halves)."""
+    return [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+
+
+def _asv_cell(verdict: gates.Verdict, code: int, out: str, seconds: float) -> gates.Verdict:
+    """A comparison's verdict, or the asv run's own failure where the comparison has nothing to read."""
+    if code == 0 or verdict.outcome != gates.FAILED:
+        return verdict
+    return gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds)
+
+
 def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: dict[str, str],
                  chosen: Sequence[str], run: int, busy: int = 0) -> None:
-    asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+    asv_gates = _asv_gates(chosen)
     missing_asv = [p for p in commits if any(_unmeasured(state, g, p, run) for g in asv_gates)]
     if missing_asv:
         config = _asv_config(clone, workdir, _tag(busy, run))
@@ -209,8 +221,7 @@ def _measure_run(clone: Path, workdir: Path, state: State, base: str, commits: d
         for plant in missing_asv:
             for gate, verdict in gates.asv_verdicts(clone, config, base, commits[plant], seconds).items():
                 if gate in asv_gates and gates.blind(gate, plant) is None:
-                    state.put(gate, plant, run, verdict if code == 0 or verdict.outcome != gates.FAILED else
-                              gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds))
+                    state.put(gate, plant, run, _asv_cell(verdict, code, out, seconds))
     if gates.ASV_RELATIVE in asv_gates:
         _fill_costs(clone, workdir, state, base, commits, run, busy)
     baseline = workdir / f"plugin-baseline-{_tag(busy, run)}.json"
@@ -244,11 +255,13 @@ def _fill_costs(clone: Path, workdir: Path, state: State, base: str, commits: di
     """Relative-cost cells saved without the plant's measured cost get it from this run's stored asv results (read
     again, not measured again)."""
     results = workdir / f"asv-results-{_tag(busy, run)}"
+    config = None
     for plant, commit in commits.items():
         cell = state.cells.get(f"{gates.ASV_RELATIVE}|{plant}|{run}")
         if cell is None or "cost" in cell or not any(results.glob(f"*/{commit[:8]}-*.json")):
             continue
-        verdict = gates.asv_verdicts(clone, _asv_config(clone, workdir, _tag(busy, run)), base, commit, 0.0)
+        config = config or _asv_config(clone, workdir, _tag(busy, run))
+        verdict = gates.asv_verdicts(clone, config, base, commit, 0.0)
         if verdict[gates.ASV_RELATIVE].cost is not None:
             cell["cost"] = verdict[gates.ASV_RELATIVE].cost
             state.save()
@@ -273,7 +286,7 @@ def _measure_aa_chain(clone: Path, workdir: Path, state: State, base: str, count
                       busy: int = 0) -> None:
     """One asv run over the base and ``count`` empty commits in a row; each commit against its parent at the
     Makefile's factors (what ``make asv-continuous`` does for one pair), read as a false alarm or not."""
-    asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+    asv_gates = _asv_gates(chosen)
     missing = [k for k in range(1, count + 1) if any(not state.has(g, AA_CHAIN, k) for g in asv_gates)]
     if not missing:
         return
@@ -285,8 +298,7 @@ def _measure_aa_chain(clone: Path, workdir: Path, state: State, base: str, count
     for k in missing:
         for gate, verdict in gates.asv_verdicts(clone, config, parents[k - 1], commits[k - 1], seconds).items():
             if gate in asv_gates:
-                state.put(gate, AA_CHAIN, k, verdict if code == 0 or verdict.outcome != gates.FAILED else
-                          gates.Verdict(gates.FAILED, f"asv run exit {code}: {gates.last_line(out)}", seconds))
+                state.put(gate, AA_CHAIN, k, _asv_cell(verdict, code, out, seconds))
 
 
 def _cell(state: State, gate: str, plant: str, runs: int) -> str:
@@ -339,7 +351,7 @@ def table(state: State) -> str:
     data = state.data
     runs, chosen = data.get("runs", 1), data.get("gates", list(gates.GATES))
     plants = data.get("plants", list(PLANTS))
-    merge = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
+    merge = _asv_gates(chosen)
     head = ["plant", "cost: training, acting", *chosen,
             *(["merge gate (make asv-continuous)"] if merge else []), "CI (any gate it runs)"]
     lines = [f"Detection matrix: base commit {data['base'][:10]}, {machine_line()}; {runs} run(s) per cell"
@@ -356,16 +368,18 @@ def table(state: State) -> str:
             row.append(_ci_cell(state, plant, runs, chosen, merge))
         row.append(_ci_cell(state, plant, runs, chosen))
         lines.append("| " + " | ".join(row) + " |")
-    blind = [(g, p, gates.blind(g, p)) for g in chosen for p in plants if gates.blind(g, p) is not None]
+    blind: dict[tuple[str, str], list[str]] = {}
+    for gate in chosen:
+        for plant in plants:
+            if (why := gates.blind(gate, plant)) is not None:
+                blind.setdefault((gate, why), []).append(plant)
     if blind:
         lines += ["", "Blind by design (not measured; another gate CI runs covers the row): " + "; ".join(
-            f"{gate} on {', '.join(p for g, p, _ in blind if g == gate and gates.blind(g, p) == why)}: {why}"
-            for gate, why in dict.fromkeys((g, why) for g, _, why in blind)) + "."]
+            f"{gate} on {', '.join(names)}: {why}" for (gate, why), names in blind.items()) + "."]
     chain = data.get("aa_chain", 0)
     if chain:
-        asv_gates = [g for g in (gates.ASV_RELATIVE, gates.ASV_COUNT) if g in chosen]
         counts = []
-        for gate in asv_gates:
+        for gate in merge:
             done = [state.cells[f"{gate}|{AA_CHAIN}|{k}"]["outcome"] for k in range(1, chain + 1)
                     if f"{gate}|{AA_CHAIN}|{k}" in state.cells]
             counts.append(f"{gate} {sum(o == gates.CAUGHT for o in done)}/{len(done)}"
